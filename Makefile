@@ -1,0 +1,37 @@
+# h3flow — `make demo` runs the embedded default end to end, `make test` runs the tests.
+# Both create .venv (CPU torch 2.13.0 where no torch is installed) and are idempotent.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.h3flow-installed
+
+.PHONY: venv system-deps demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests use for real parts (sshd, patch, ip/tc). Needs root; skipped otherwise.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+demo: venv
+	$(VENV)/bin/h3flow demo
+
+test: venv system-deps
+	$(PY) -m pytest -q
+
+# the quick tier: no Prefect server, no ComfyUI
+test-fast: venv
+	$(PY) -m pytest -q -m "not prefect and not comfy and not netns"
+
+bench: venv
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .h3flow .pytest_cache .hypothesis

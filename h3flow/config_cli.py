@@ -1,0 +1,80 @@
+"""``h3flow config-adapt``: host-map.json -> local.json, or a drift report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from h3flow.adapt import adapt, local_host_map
+from h3flow.config import LocalConfig, load_host_map
+from h3flow.errors import ConfigError, H3FlowError
+from h3flow.fsutil import atomic_write_json
+
+console = Console(highlight=False)
+
+
+def render(config: LocalConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")
+
+
+def drift(old: Any, new: Any, path: str = "") -> list[str]:
+    """Paths where two JSON values differ, as ``path: old -> new`` lines."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                out.append(f"{sub}: added")
+            elif key not in new:
+                out.append(f"{sub}: removed")
+            else:
+                out.extend(drift(old[key], new[key], sub))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [line for i, (a, b) in enumerate(zip(old, new)) for line in drift(a, b, f"{path}[{i}]")]
+    if old != new:
+        return [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
+    return []
+
+
+def run_config_adapt(
+    host_map: Path | None,
+    output: Path,
+    topology: str | None,
+    check: bool,
+    local: bool,
+    workdir: Path,
+    base_port: int,
+) -> None:
+    if local:
+        if host_map is not None:
+            raise ConfigError("give either a host map or --local, not both")
+        config = adapt(local_host_map(workdir, base_port), topology, work_dir=str(workdir.resolve()))
+    else:
+        if host_map is None:
+            raise ConfigError("missing host map: h3flow config-adapt host-map.json (or --local)")
+        config = adapt(load_host_map(host_map), topology)
+    fresh = render(config)
+    if check:
+        if not output.exists():
+            raise ConfigError(f"{output}: no such file to check against")
+        try:
+            existing = json.loads(output.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{output}: unreadable: {exc}") from None
+        lines = drift(existing, fresh)
+        if local:  # ports are picked afresh each time; they are not drift
+            lines = [line for line in lines if "port" not in line and "url" not in line]
+        if lines:
+            console.print(f"[yellow]{output} has drifted from {host_map or 'the embedded default'}:[/]")
+            for line in lines:
+                console.print(f"  {line}")
+            raise H3FlowError(f"{len(lines)} difference(s): rerun `h3flow config-adapt` to update {output}") from None
+        console.print(f"[green]✓[/] {output} matches {host_map or 'the embedded default'}")
+        return
+    atomic_write_json(output, fresh)
+    pools = ", ".join(f"{p.work_pool} ({p.role}, {len(p.gpus)}×{p.gpu_model})" for p in config.pools)
+    console.print(f"[green]✓[/] wrote {output}: topology {config.topology} — {pools}")
