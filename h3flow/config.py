@@ -242,6 +242,7 @@ class LocalConfig(Strict):
     routes: list[Route]
     receivers: list[Receiver]
     transfer: Transfer
+    control_work_pool: str = Field("h3-control", description="work pool of the batch (dispatcher) deployments")
     work_dir: str | None = Field(None, description="the embedded default's work dir")
 
     def pool(self, name: str) -> Pool:

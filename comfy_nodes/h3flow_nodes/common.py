@@ -1,0 +1,237 @@
+"""Plain functions behind the nodes: paths, latents <-> .h3latent, conditioning files.
+
+No ComfyUI import at module level: these run (and are tested) outside ComfyUI; where a
+ComfyUI module helps (``folder_paths``, ``comfy.nested_tensor``) it is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from h3flow.errors import H3FlowError, IntegrityError
+from h3flow.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from h3flow.handoff.format import H3Latent, load_latent, save_latent
+
+COMFY_COND_FORMAT = "h3flow-comfy-conditioning-v1"
+FILES_KEY = "h3flow_files"  # the key of a save node's UI output that the engine reads
+
+
+# --------------------------------------------------------------------------- paths
+def output_dir() -> Path:
+    """ComfyUI's output folder (``output/`` beside the current directory outside ComfyUI)."""
+    try:
+        import folder_paths
+
+        return Path(folder_paths.get_output_directory())
+    except ImportError:
+        return Path.cwd() / "output"
+
+
+def resolve_path(path: str) -> Path:
+    """An absolute path as given; a relative one under ComfyUI's output folder (no escaping)."""
+    text = path.strip()
+    if not text:
+        raise H3FlowError("a file path is required")
+    candidate = Path(text).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    base = output_dir().resolve()
+    resolved = (base / candidate).resolve()
+    if base not in resolved.parents:
+        raise H3FlowError(f"relative path {text!r} leaves ComfyUI's output folder")
+    return resolved
+
+
+def file_ref(path: Path, sha256: str, kind: str) -> dict[str, Any]:
+    """What a save node reports (UI output ``h3flow_files``): the engine reads these."""
+    return {"path": str(path), "sha256": sha256, "size": path.stat().st_size, "kind": kind}
+
+
+def file_fingerprint(path: str) -> str:
+    """IS_CHANGED for load nodes: the file's SHA-256 (content, not mtime), or a marker."""
+    try:
+        return sha256_file(resolve_path(path))
+    except (OSError, H3FlowError) as exc:
+        return f"unreadable:{exc}"
+
+
+# --------------------------------------------------------------------------- latents
+class NestedLatent:
+    """A (video, audio) pair shaped like upstream ``comfy.nested_tensor.NestedTensor``.
+
+    Used only where that module does not exist (ComfyUI before MiniMax H3 support).
+    """
+
+    is_nested = True
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+        self.tensors = list(tensors)
+
+    def unbind(self) -> list[torch.Tensor]:
+        return list(self.tensors)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.tensors[0].shape
+
+    def __repr__(self) -> str:
+        return f"NestedLatent({[tuple(t.shape) for t in self.tensors]})"
+
+
+def latent_streams(samples: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(video, audio or None) of a LATENT's ``samples``: a plain tensor or a nested pair.
+
+    Nested latents are duck-typed (``.is_nested`` + ``.tensors``), as upstream's
+    NestedTensor is not importable on every ComfyUI.
+    """
+    if getattr(samples, "is_nested", False):
+        parts = list(samples.tensors) if hasattr(samples, "tensors") else list(samples.unbind())
+        if len(parts) != 2 or not all(isinstance(p, torch.Tensor) for p in parts):
+            raise H3FlowError(f"a nested latent must be a (video, audio) pair of tensors, got {len(parts)} parts")
+        return parts[0], parts[1]
+    if isinstance(samples, torch.Tensor):
+        return samples, None
+    raise H3FlowError(f"not a latent: {type(samples).__name__}")
+
+
+def make_samples(video: torch.Tensor, audio: torch.Tensor | None) -> Any:
+    """A LATENT's ``samples`` again: upstream NestedTensor where it exists, else NestedLatent."""
+    if audio is None:
+        return video
+    try:
+        from comfy.nested_tensor import NestedTensor  # type: ignore[import-not-found]
+
+        return NestedTensor((video, audio))
+    except ImportError:
+        return NestedLatent((video, audio))
+
+
+def save_handoff(samples: Any, path: Path, meta: dict[str, str], masks: dict[str, torch.Tensor] | None = None) -> str:
+    """A LATENT's samples → ``.h3latent`` at ``path`` (atomic); returns its SHA-256."""
+    video, audio = latent_streams(samples)
+    return save_latent(path, H3Latent(video=video, audio=audio, meta=meta, masks=dict(masks or {})))
+
+
+def load_handoff(path: Path, expected_sha256: str | None) -> tuple[Any, dict[str, str], dict[str, torch.Tensor]]:
+    """``.h3latent`` → (samples, meta, masks), the SHA-256 checked when one is given."""
+    latent = load_latent(path, expected_sha256=expected_sha256 or None)
+    return make_samples(latent.video.float(), None if latent.audio is None else latent.audio.float()), latent.meta, latent.masks
+
+
+def parse_meta(text: str) -> dict[str, str]:
+    """The ``meta`` input of H3LatentHandoffSave: a JSON object of strings."""
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise H3FlowError(f"meta must be a JSON object: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise H3FlowError("meta must be a JSON object")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
+
+
+# --------------------------------------------------------------------------- conditioning
+def _flatten(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """A JSON tree for ``value`` with tensors replaced by references into ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = value.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": name}
+    if getattr(value, "is_nested", False) and hasattr(value, "tensors"):
+        return {"__nested__": [_flatten(t, tensors, f"{where}[{i}]") for i, t in enumerate(value.tensors)]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise H3FlowError(f"conditioning {where}: only string keys can be saved")
+        return {"__dict__": {k: _flatten(v, tensors, f"{where}.{k}") for k, v in value.items()}}
+    raise H3FlowError(f"conditioning {where}: a {type(value).__name__} cannot be saved (tensors, numbers, strings only)")
+
+
+def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(node, list):
+        return [_unflatten(v, tensors) for v in node]
+    if isinstance(node, dict):
+        if "__tensor__" in node:
+            return tensors[node["__tensor__"]]
+        if "__nested__" in node:
+            parts = [_unflatten(v, tensors) for v in node["__nested__"]]
+            return make_samples(parts[0], parts[1]) if len(parts) == 2 else NestedLatent(parts)
+        if "__tuple__" in node:
+            return tuple(_unflatten(v, tensors) for v in node["__tuple__"])
+        if "__dict__" in node:
+            return {k: _unflatten(v, tensors) for k, v in node["__dict__"].items()}
+        raise H3FlowError("conditioning file: unknown structure entry")
+    return node
+
+
+def save_structured(path: Path, value: Any, meta: dict[str, str] | None = None) -> str:
+    """Any tree of lists/tuples/dicts/tensors/scalars (ComfyUI CONDITIONING) → safetensors.
+
+    Tensors are stored as tensors; the tree is JSON in the metadata, so loading needs
+    no pickle. Returns the SHA-256 of the bytes written.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    structure = _flatten(value, tensors, "conditioning")
+    header = {**(meta or {}), "format": COMFY_COND_FORMAT, "structure": json.dumps(structure)}
+    data = st_save(tensors, metadata=header)
+    atomic_write_bytes(path, data)
+    return sha256_bytes(data)
+
+
+def file_format(data: bytes) -> str:
+    """The ``format`` metadata of a safetensors file's bytes ('' when absent or unreadable)."""
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+        return str((header.get("__metadata__") or {}).get("format", ""))
+    except (struct.error, ValueError, UnicodeDecodeError):
+        return ""
+
+
+def load_structured(data: bytes, path: Path) -> Any:
+    try:
+        tensors = st_load(data)
+        (length,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(data[8 : 8 + length]).get("__metadata__") or {}
+        return _unflatten(json.loads(meta["structure"]), tensors)
+    except H3FlowError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors' and json's own errors
+        raise H3FlowError(f"conditioning {path}: not a readable h3flow conditioning file ({str(exc).splitlines()[0]})") from None
+
+
+def save_conditioning_any(path: Path, cond: Any) -> str:
+    """The reference model's Conditioning via its own writer; ComfyUI conditioning structured."""
+    from h3flow.reference.conditioning import Conditioning, save_conditioning
+
+    if isinstance(cond, Conditioning):
+        return save_conditioning(path, cond)
+    return save_structured(path, cond)
+
+
+def load_conditioning_any(path: Path, expected_sha256: str | None) -> Any:
+    """Either kind of conditioning file, the SHA-256 checked when one is given."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise H3FlowError(f"conditioning {path}: cannot read it ({exc.strerror or exc})") from None
+    if expected_sha256 and sha256_bytes(data) != expected_sha256.lower():
+        raise IntegrityError(f"conditioning {path} has SHA-256 {sha256_bytes(data)}, expected {expected_sha256}")
+    if file_format(data) == COMFY_COND_FORMAT:
+        return load_structured(data, path)
+    from h3flow.reference.conditioning import load_conditioning
+
+    return load_conditioning(path, expected_sha256 or None)

@@ -1,0 +1,359 @@
+"""The dispatcher: sends each clip to the pool that finishes it earliest, live.
+
+It keeps, per sampler pool, one clip running and one queued ahead (so a worker's
+process start-up overlaps the running clip), hands sampled latents to the decoder
+queue, notices pools that die (their worker stops heart-beating) and re-routes their
+clips, re-sends latents the decoder found damaged, and writes the manifest after
+every change. It talks to Prefect only through deployments and the API, so the pools
+can live on other hosts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from h3flow.config import LocalConfig
+from h3flow.errors import H3FlowError
+from h3flow.fsutil import sha256_file
+from h3flow.manifest import ClipRecord, Manifest, StageRecord, save_manifest
+
+AHEAD = 2  # in flight per pool: one running + one queued ahead
+MAX_ATTEMPTS = 4
+POLL = 0.5
+WORKER_STALE_S = 20.0
+DECODER_GONE_S = 60.0
+DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@dataclass
+class Child:
+    flow_run_id: str
+    kind: str  # "sample" | "decode"
+    clip_id: str
+    pool: str
+    submitted: float
+
+
+@dataclass
+class LiveState:
+    """What the policy sees: when each pool is free, what it measured, which pools are gone."""
+
+    busy_until: dict[str, float] = field(default_factory=dict)
+    measured: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (pool, spec) -> seconds
+    gone: set[str] = field(default_factory=set)
+
+    def estimate(self, pool: str, spec: str, kind: str) -> float:
+        seen = self.measured.get((pool, spec))
+        if seen:
+            return sum(seen) / len(seen)
+        others = [v for (p, s), vals in self.measured.items() if s == spec for v in vals]
+        return sum(others) / len(others) if others else DEFAULT_SECONDS[kind]
+
+
+Chooser = Callable[[str, list[str], LiveState, float], str]
+
+
+def earliest_finish(spec: str, pools: list[str], state: LiveState, now: float) -> str:
+    """The pool that would finish this clip first, from the durations measured so far."""
+    return min(pools, key=lambda p: (max(state.busy_until.get(p, now), now) + state.estimate(p, spec, "sample"), p))
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: LocalConfig,
+        config_path: str,
+        manifest: Manifest,
+        api: "PrefectApi",
+        choose: Chooser = earliest_finish,
+        on_change: Callable[[Manifest], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.manifest = manifest
+        self.api = api
+        self.choose = choose
+        self.on_change = on_change
+        self.children: dict[str, Child] = {}
+        self.state = LiveState()
+        self.retransfer: set[str] = set()
+        self.decoder_lost_since: float | None = None
+
+    # ------------------------------------------------------------------ bookkeeping
+    def save(self) -> None:
+        save_manifest(self.config.runs_dir, self.manifest)
+        if self.on_change:
+            self.on_change(self.manifest)
+
+    def in_flight(self, pool: str) -> int:
+        return sum(1 for c in self.children.values() if c.pool == pool)
+
+    def live_pools(self, role: str) -> list[str]:
+        pools = self.config.samplers if role == "sample" else self.config.decoders
+        return [p.name for p in pools if p.name not in self.state.gone]
+
+    # ------------------------------------------------------------------ resume
+    def reconcile(self) -> None:
+        """Trust the files, not the record: what is delivered, what is sampled, what is left."""
+        for rec in self.manifest.clips.values():
+            if rec.state == "delivered" and rec.output and Path(rec.output).exists():
+                if sha256_file(rec.output) == rec.output_sha256:
+                    continue
+            if rec.latent_sha256 and rec.decoder and self._latent_on_decoder(rec.decoder, rec.latent_sha256):
+                rec.state = "sampled"
+            elif rec.state != "failed":
+                rec.state = "pending"
+            rec.error = None if rec.state != "failed" else rec.error
+        self.save()
+
+    def _latent_on_decoder(self, decoder: str, sha: str) -> bool:
+        from h3flow.handoff.store import LatentStore
+
+        host = self.config.pool(decoder).host
+        path = LatentStore(Path(self.config.hosts[host].storage.root)).path_for(sha)
+        return path.exists() and sha256_file(path) == sha
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> Manifest:
+        self.manifest.state = "running"
+        self.manifest.started = self.manifest.started or time.time()
+        self.reconcile()
+        while True:
+            changed = self.poll_children()
+            changed |= self.check_pools()
+            changed |= self.submit_decodes()
+            changed |= self.submit_samples()
+            if changed:
+                self.save()
+            if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
+                break
+            if self.no_decoder_left():
+                self.fail_run("no decoder is alive: every decoder's worker stopped heart-beating")
+                break
+            self.api.pause(POLL)
+        self.manifest.finished = time.time()
+        if self.manifest.state == "running":
+            self.manifest.state = "failed" if self.manifest.failed else "completed"
+        self.save()
+        return self.manifest
+
+    def submit_samples(self) -> bool:
+        changed = False
+        pools = self.live_pools("sample")
+        for rec in self.manifest.clips.values():
+            if rec.state != "pending":
+                continue
+            free = [p for p in pools if self.in_flight(p) < AHEAD]
+            if not free or not self.live_pools("decode"):
+                break
+            now = time.time()
+            pool = self.choose(rec.clip.spec, free, self.state, now)
+            decoder = self.pick_decoder()
+            rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
+            rec.attempts += 1
+            params = {
+                "run_id": self.manifest.run_id,
+                "clip": rec.clip.model_dump(mode="json"),
+                "pool": pool,
+                "decoder": decoder,
+                "config_path": self.config_path,
+                "retransfer": rec.clip.id in self.retransfer,
+            }
+            run_id = self.api.submit(f"sample-clip/{pool}", params, f"{self.manifest.run_id}-{rec.clip.id}-s{rec.attempts}")
+            self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
+            start = max(self.state.busy_until.get(pool, now), now)
+            self.state.busy_until[pool] = start + self.state.estimate(pool, rec.clip.spec, "sample")
+            changed = True
+        return changed
+
+    def pick_decoder(self) -> str:
+        decoders = self.live_pools("decode")
+        return min(decoders, key=lambda d: (self.in_flight(d), d))
+
+    def submit_decodes(self) -> bool:
+        changed = False
+        for rec in self.manifest.clips.values():
+            if rec.state != "sampled":
+                continue
+            decoder = rec.decoder if rec.decoder in self.live_pools("decode") else None
+            if decoder is None or self.in_flight(decoder) >= AHEAD:
+                continue
+            params = {
+                "run_id": self.manifest.run_id,
+                "clip_id": rec.clip.id,
+                "latent_sha256": rec.latent_sha256,
+                "decoder": decoder,
+                "config_path": self.config_path,
+            }
+            rec.state = "decoding"
+            key = f"{self.manifest.run_id}-{rec.clip.id}-d{rec.attempts}-{len(self.children)}-{time.time():.0f}"
+            run_id = self.api.submit(f"decode-clip/{decoder}", params, key)
+            self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, time.time())
+            changed = True
+        return changed
+
+    def poll_children(self) -> bool:
+        if not self.children:
+            return False
+        changed = False
+        for run_id, (state, message) in self.api.states(list(self.children)).items():
+            if state not in TERMINAL:
+                continue
+            child = self.children.pop(run_id)
+            rec = self.manifest.clips[child.clip_id]
+            if state == "COMPLETED":
+                self.completed(child, rec, self.api.records(run_id))
+            else:
+                self.failed(child, rec, state, message or state.lower())
+            changed = True
+        return changed
+
+    def completed(self, child: Child, rec: ClipRecord, records: dict[str, dict[str, Any]]) -> None:
+        for stage, data in records.items():
+            rec.stages[stage] = StageRecord(
+                host=data.get("host"),
+                pool=data.get("pool", child.pool),
+                sha256=data.get("sha256"),
+                path=data.get("path"),
+                started=data.get("started"),
+                seconds=data.get("seconds"),
+                cached=bool(data.get("cached", False)),
+            )
+        if child.kind == "sample":
+            rec.latent_sha256 = records["transfer"]["sha256"]
+            rec.state = "sampled"
+            self.retransfer.discard(rec.clip.id)
+            took = time.time() - child.submitted
+            self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(took)
+            self.state.busy_until[child.pool] = time.time() if self.in_flight(child.pool) == 0 else self.state.busy_until.get(child.pool, time.time())
+        else:
+            rec.output = records["decode"]["path"]
+            rec.output_sha256 = records["decode"]["sha256"]
+            rec.state = "delivered"
+
+    def failed(self, child: Child, rec: ClipRecord, state: str, message: str) -> None:
+        corrupt = "latent-corrupt" in message
+        if child.kind == "decode" and corrupt:
+            self.retransfer.add(rec.clip.id)  # damaged on the decoder: send it again, never decode it
+            rec.state = "pending"
+            return
+        if rec.attempts >= MAX_ATTEMPTS or not self.retryable(state, message):
+            rec.state, rec.error = "failed", f"{child.kind} on {child.pool}: {message}"
+            return
+        rec.state = "pending" if child.kind == "sample" else "sampled"
+        if child.kind == "decode":
+            rec.attempts += 1
+
+    @staticmethod
+    def retryable(state: str, message: str) -> bool:
+        bad_input = ("ConfigError", "invalid", "unknown spec", "does not exist")
+        return state in ("CRASHED", "CANCELLED") or not any(word in message for word in bad_input)
+
+    def check_pools(self) -> bool:
+        """A pool whose worker stopped heart-beating is gone: re-route what it held."""
+        changed = False
+        for pool in self.config.pools:
+            alive = self.api.worker_alive(pool.work_pool)
+            if alive and pool.name in self.state.gone:
+                self.state.gone.discard(pool.name)
+                changed = True
+            elif not alive and pool.name not in self.state.gone:
+                self.state.gone.add(pool.name)
+                for run_id, child in list(self.children.items()):
+                    if child.pool == pool.name:
+                        self.api.abandon(run_id, f"pool {pool.name} is gone (its worker stopped heart-beating)")
+                        del self.children[run_id]
+                        rec = self.manifest.clips[child.clip_id]
+                        rec.state = "pending" if child.kind == "sample" else "sampled"
+                changed = True
+        return changed
+
+    def no_decoder_left(self) -> bool:
+        if self.live_pools("decode"):
+            self.decoder_lost_since = None
+            return False
+        self.decoder_lost_since = self.decoder_lost_since or time.time()
+        return time.time() - self.decoder_lost_since > DECODER_GONE_S
+
+    def fail_run(self, why: str) -> None:
+        for child_id in list(self.children):
+            self.api.abandon(child_id, why)
+        self.children.clear()
+        self.manifest.state, self.manifest.error = "failed", why
+
+
+class PrefectApi:
+    """The few Prefect calls the dispatcher makes (sync client), in one place."""
+
+    def __init__(self, parent_is_flow: bool = True) -> None:
+        from prefect.client.orchestration import get_client
+
+        self.client = get_client(sync_client=True)
+        self.client.__enter__()
+        self.as_subflow = parent_is_flow
+
+    def close(self) -> None:
+        self.client.__exit__(None, None, None)
+
+    def submit(self, deployment: str, parameters: dict[str, Any], idempotency_key: str) -> str:
+        from prefect.deployments import run_deployment
+
+        run = run_deployment(
+            deployment,
+            parameters=parameters,
+            timeout=0,
+            idempotency_key=idempotency_key,
+            as_subflow=self.as_subflow,
+        )
+        return str(run.id)
+
+    def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        runs = self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(r) for r in run_ids]))
+        )
+        return {str(r.id): (r.state_type.value if r.state_type else "PENDING", r.state.message if r.state else None) for r in runs}
+
+    def records(self, run_id: str) -> dict[str, dict[str, Any]]:
+        import json
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+        arts = self.client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]), type=ArtifactFilterType(any_=["table"])
+            )
+        )
+        if not arts:
+            raise H3FlowError(f"flow run {run_id} completed without publishing its stage records")
+        data = arts[-1].data
+        rows = json.loads(data) if isinstance(data, str) else data
+        return {row["stage"]: row for row in rows}
+
+    def worker_alive(self, work_pool: str) -> bool:
+        workers = self.client.read_workers_for_work_pool(work_pool)
+        now = datetime.now(timezone.utc)
+        return any(
+            w.last_heartbeat_time is not None and (now - w.last_heartbeat_time).total_seconds() < WORKER_STALE_S
+            for w in workers
+        )
+
+    def abandon(self, run_id: str, why: str) -> None:
+        from uuid import UUID
+
+        from prefect.states import Crashed
+
+        self.client.set_flow_run_state(UUID(run_id), Crashed(message=why), force=True)
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)  # the poll interval of an API poll loop, not synchronisation

@@ -1,0 +1,1 @@
+"""Prefect flows: ``sample-clip`` (sampler pools), ``decode-clip`` (decoders), ``batch`` (the dispatcher)."""

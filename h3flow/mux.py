@@ -1,0 +1,134 @@
+"""Frames + waveform -> MP4 (H.264 yuv420p + AAC 48 kHz stereo), written atomically.
+
+Timestamps are exact integers: video pts count frames in a 1/fps time base, audio pts
+count samples in a 1/48000 time base, audio goes in 1024-sample frames (AAC's frame
+size; the last one may be shorter). The audio is trimmed or zero-padded to exactly the
+video's duration, both encoders are flushed, and ``movflags=+faststart`` moves the index
+to the front so players can start before the download ends.
+
+FFmpeg's faststart pass re-opens the output by name, so the muxer writes to a temporary
+sibling file (not a Python file object) that is fsynced and renamed over the target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+
+from h3flow.engines.base import FileRef
+from h3flow.fsutil import fsync_dir, sha256_file
+from h3flow.specs import AUDIO_RATE, FPS
+
+AAC_FRAME = 1024
+X264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "2"}  # fixed threads: same bytes on any host
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for a writer that needs a file name; renamed into place on success."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _as_uint8_frames(chunk: np.ndarray | torch.Tensor) -> np.ndarray:
+    arr = chunk.cpu().numpy() if isinstance(chunk, torch.Tensor) else np.asarray(chunk)
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.ndim != 4 or arr.shape[-1] != 3 or arr.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [n, H, W, 3], got {arr.dtype} {list(arr.shape)}")
+    return arr
+
+
+class _AudioFeed:
+    """Hands the waveform to the AAC encoder in 1024-sample frames, pts in samples."""
+
+    def __init__(self, container: av.container.OutputContainer, stream: av.AudioStream, waveform: np.ndarray, rate: int) -> None:
+        self.container, self.stream, self.wave, self.rate = container, stream, waveform, rate
+        self.sent = 0
+
+    def until(self, samples: int, *, final: bool = False) -> None:
+        """Encode samples up to ``samples`` (whole frames only, unless ``final``)."""
+        while self.sent < samples and (final or samples - self.sent >= AAC_FRAME):
+            n = min(AAC_FRAME, samples - self.sent)
+            block = np.zeros((2, n), dtype=np.float32)
+            have = max(0, min(n, self.wave.shape[1] - self.sent))
+            block[:, :have] = self.wave[:, self.sent : self.sent + have]  # zero-pad past the end
+            frame = av.AudioFrame.from_ndarray(block, format="fltp", layout="stereo")
+            frame.sample_rate = self.rate
+            frame.time_base = Fraction(1, self.rate)
+            frame.pts = self.sent
+            self.container.mux(self.stream.encode(frame))
+            self.sent += n
+
+
+def mux_mp4(
+    out_path: str | os.PathLike[str],
+    frames: Iterable[np.ndarray | torch.Tensor],
+    waveform: np.ndarray | torch.Tensor,
+    *,
+    fps: int = FPS,
+    sample_rate: int = AUDIO_RATE,
+    x264_options: dict[str, str] | None = None,
+) -> FileRef:
+    """Encode uint8 RGB frames (chunks ``[n, H, W, 3]``) and a ``[2, N]`` float waveform to an MP4.
+
+    The audio track ends exactly where the video does (trimmed or zero-padded).
+    """
+    wave = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
+    wave = np.ascontiguousarray(wave, dtype=np.float32)
+    if wave.ndim != 2 or wave.shape[0] != 2:
+        raise ValueError(f"waveform must be [2, samples] (stereo), got {list(wave.shape)}")
+    if fps <= 0 or sample_rate % fps:
+        raise ValueError(f"sample rate {sample_rate} must be a whole number of samples per frame at {fps} fps")
+    per_frame = sample_rate // fps
+    chunks = iter(frames)
+    first = next(chunks, None)
+    if first is None:
+        raise ValueError("no frames to encode")
+    first = _as_uint8_frames(first)
+    out = Path(out_path)
+    with atomic_path(out) as tmp:
+        with av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:
+            video = container.add_stream("libx264", rate=fps, options=dict(x264_options or X264_OPTIONS))
+            video.height, video.width = int(first.shape[1]), int(first.shape[2])
+            video.pix_fmt = "yuv420p"
+            video.time_base = Fraction(1, fps)
+            audio = container.add_stream("aac", rate=sample_rate, layout="stereo")
+            audio.time_base = Fraction(1, sample_rate)
+            feed = _AudioFeed(container, audio, wave, sample_rate)
+            count = 0
+            for chunk in itertools.chain([first], chunks):
+                arr = _as_uint8_frames(chunk)
+                if arr.shape[1:3] != first.shape[1:3]:
+                    raise ValueError(f"frame size changed from {first.shape[1:3]} to {arr.shape[1:3]}")
+                for image in arr:
+                    frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+                    frame.pts = count
+                    container.mux(video.encode(frame))
+                    count += 1
+                feed.until(count * per_frame)  # keep the streams interleaved
+            container.mux(video.encode())
+            feed.until(count * per_frame, final=True)
+            container.mux(audio.encode())
+    return FileRef(out, sha256_file(out), out.stat().st_size)
