@@ -89,44 +89,93 @@ def plan() -> None:
 # --------------------------------------------------------------------------- latents (issue 4)
 @latent_app.command("inspect")
 @operator_command
-def latent_inspect(file: Path) -> None:
+def latent_inspect(
+    file: Annotated[Path, typer.Argument(help="An .h3latent (or a ComfyUI .latent).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
     """Shapes, dtype, metadata and SHA-256 of a latent file."""
-    not_built(4)
+    from h3flow.handoff.commands import inspect_latent
+
+    inspect_latent(file, as_json)
 
 
 @latent_app.command("verify")
 @operator_command
-def latent_verify(file: Path, sha256: Annotated[Optional[str], typer.Option()] = None) -> None:
+def latent_verify(
+    file: Annotated[Path, typer.Argument(help="An .h3latent (or a ComfyUI .latent).")],
+    sha256: Annotated[Optional[str], typer.Option(help="The SHA-256 the file must have.")] = None,
+) -> None:
     """Check a latent file's structure and (optionally) its SHA-256."""
-    not_built(4)
+    from h3flow.handoff.commands import verify_latent
+
+    verify_latent(file, sha256)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command()
 @operator_command
-def transfer() -> None:
+def transfer(
+    file: Annotated[Path, typer.Argument(help="The latent file to send.")],
+    to: Annotated[str, typer.Option("--to", help="Destination host name.")],
+    method: Annotated[str, typer.Option(help="tcp | sftp | local.")] = "tcp",
+    address: Annotated[Optional[str], typer.Option(help="tcp: the receiver's address (default: the host name).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="tcp: the receiver's port.")] = None,
+    store_root: Annotated[Optional[Path], typer.Option(help="The store root on the destination host.")] = None,
+    ssh_alias: Annotated[Optional[str], typer.Option(help="sftp: SSH config alias (default: the host name).")] = None,
+    ssh_config: Annotated[Optional[Path], typer.Option(help="sftp: SSH config file (default: ~/.ssh/config).")] = None,
+    secret_env: Annotated[Optional[str], typer.Option(help="tcp: env variable holding the shared secret.")] = None,
+    secret_file: Annotated[Optional[Path], typer.Option(help="tcp: file holding the shared secret.")] = None,
+    attempts: Annotated[int, typer.Option(min=1, help="Tries for retryable failures.")] = 3,
+    timeout: Annotated[float, typer.Option(help="Seconds without progress before giving up.")] = 60.0,
+) -> None:
     """Send a latent to another host's store, verified by SHA-256 (tcp | sftp | local)."""
-    not_built(4)
+    from h3flow.handoff.commands import transfer_file
+
+    transfer_file(file, to, method=method, address=address, port=port, store_root=store_root,
+                  ssh_alias=ssh_alias, ssh_config=ssh_config, secret_env=secret_env, secret_file=secret_file,
+                  attempts=attempts, timeout=timeout)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command()
 @operator_command
-def receiver() -> None:
+def receiver(
+    store: Annotated[Path, typer.Option(help="This host's store root.")],
+    bind: Annotated[str, typer.Option(help="ADDR:PORT to listen on (port 0: any free port, printed).")],
+    secret_env: Annotated[Optional[str], typer.Option(help="Env variable holding the shared secret.")] = None,
+    secret_file: Annotated[Optional[Path], typer.Option(help="File holding the shared secret.")] = None,
+    max_bytes: Annotated[int, typer.Option(min=1, help="Largest latent accepted.")] = 1 << 30,
+    min_free: Annotated[int, typer.Option(min=0, help="Bytes to keep free on the store's disk.")] = 16 << 20,
+) -> None:
     """Run the latent receiver service (tcp transfer) on a decoder host."""
-    not_built(4)
+    from h3flow.handoff.commands import run_receiver
+
+    run_receiver(store, bind, secret_env, secret_file, max_bytes, min_free)
 
 
-@store_app.command("verify", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@store_app.command("verify")
 @operator_command
-def store_verify() -> None:
+def store_verify(
+    store: Annotated[Path, typer.Option(help="The store root.")],
+    quarantine: Annotated[bool, typer.Option(help="Move damaged objects aside so they can be sent again.")] = False,
+) -> None:
     """Rehash every object in a store and report damage."""
-    not_built(4)
+    from h3flow.handoff.commands import verify_store
+
+    verify_store(store, quarantine)
 
 
-@store_app.command("gc", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@store_app.command("gc")
 @operator_command
-def store_gc() -> None:
+def store_gc(
+    store: Annotated[Path, typer.Option(help="The store root.")],
+    keep: Annotated[Optional[list[str]], typer.Option(help="A referenced SHA-256 (repeatable).")] = None,
+    keep_from: Annotated[Optional[list[Path]], typer.Option(help="A file whose SHA-256s are referenced, "
+                                                                 "e.g. a run manifest (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Only list what would be removed.")] = False,
+) -> None:
     """Remove store objects that no run references."""
-    not_built(4)
+    from h3flow.handoff.commands import gc_store
+
+    gc_store(store, keep or [], keep_from or [], dry_run)
 
 
 # --------------------------------------------------------------------------- pipeline (issue 6)
@@ -134,27 +183,203 @@ def _stub(name: str, issue: int, doc: str, parent: typer.Typer = app) -> None:
     def command() -> None:
         not_built(issue)
 
-    command.__doc__ = doc
+    command.__doc__ = f"{doc} [not built yet: issue {issue}]"
     parent.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
         operator_command(command)
     )
 
 
-_stub("deploy", 6, "Create work pools, deployments and prefect.yaml from local.json.")
-_stub("run", 6, "Step 6: submit a batch (--background returns the run id at once).")
-_stub("wait", 6, "Step 7: follow a run with a progress bar until its videos are out.")
-_stub("status", 6, "A table of a run's clips x stages (--services: what runs on each host).")
-_stub("resume", 6, "Step 8: redo only the missing sampling / decoding of an interrupted run.")
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="local.json from config-adapt.")]
+
+
+@app.command()
+@operator_command
+def deploy(config: ConfigOpt = Path("local.json")) -> None:
+    """Create work pools, deployments, blocks and prefect.yaml from local.json."""
+    from h3flow.runs_cli import console, deploy as do_deploy
+
+    for name in do_deploy(config):
+        console.print(f"[green]✓[/] deployment {name}")
+
+
+@app.command()
+@operator_command
+def run(
+    batch: Annotated[Path, typer.Argument(help="Batch file (JSON): clips with prompt, image, spec, seed.")],
+    background: Annotated[bool, typer.Option("--background", help="Print the run id and return at once.")] = False,
+    config: ConfigOpt = Path("local.json"),
+) -> None:
+    """Step 6: submit a batch; prints the run id (then waits, unless --background)."""
+    from h3flow.runs_cli import finish, start_run, wait as do_wait
+
+    manifest = start_run(batch, config)
+    typer.echo(manifest.run_id)
+    if not background:
+        raise typer.Exit(finish(do_wait(manifest.run_id, config)))
+
+
+@app.command()
+@operator_command
+def wait(
+    run_id: str,
+    config: ConfigOpt = Path("local.json"),
+    timeout: Annotated[Optional[float], typer.Option(help="Give up after this many seconds.")] = None,
+) -> None:
+    """Step 7: a progress bar until the run ends; exit 0 when every clip is delivered, 1 if some failed."""
+    from h3flow.runs_cli import finish, wait as do_wait
+
+    raise typer.Exit(finish(do_wait(run_id, config, timeout)))
+
+
+@app.command()
+@operator_command
+def status(
+    run_id: Annotated[Optional[str], typer.Argument(help="A run id (omit with --services).")] = None,
+    services: Annotated[bool, typer.Option("--services", help="What runs on each host instead.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: ConfigOpt = Path("local.json"),
+) -> None:
+    """A table of a run's clips x stages (--services: the services on each host)."""
+    if services:
+        from h3flow.ops.lifecycle import print_service_status
+
+        print_service_status(config)
+        return
+    if run_id is None:
+        raise H3FlowError("give a run id, or --services")
+    from h3flow.runs_cli import as_json as dump, load_run, print_status
+
+    manifest = load_run(run_id, config)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(dump(manifest), indent=2))
+    else:
+        print_status(manifest)
+
+
+@app.command()
+@operator_command
+def resume(
+    run_id: str,
+    background: Annotated[bool, typer.Option("--background")] = False,
+    config: ConfigOpt = Path("local.json"),
+) -> None:
+    """Step 8: verify what exists and redo only the missing sampling / decoding."""
+    from h3flow.runs_cli import finish, resume as do_resume, wait as do_wait
+
+    manifest = do_resume(run_id, config)
+    if manifest.state == "completed" or background:
+        raise typer.Exit(0)
+    raise typer.Exit(finish(do_wait(run_id, config)))
+
+
 _stub("calibrate", 6, "Fit the planner's profile from the measured stage durations of runs.")
-_stub("demo", 6, "The embedded default end to end: local server, 6 SD clips, real MP4s.")
+@app.command()
+@operator_command
+def demo(
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the services running afterwards.")] = False,
+    workdir: Annotated[Path, typer.Option(help="Where the stores, logs, runs and Prefect's database go.")] = Path(".h3flow"),
+    base_port: Annotated[int, typer.Option(help="First port tried for the local services.")] = 14200,
+    batch: Annotated[Optional[Path], typer.Option(help="Another batch file instead of the example.")] = None,
+) -> None:
+    """The embedded default end to end: local Prefect server, 6 clips, reference model, real MP4s."""
+    from h3flow.demo import DEMO_BATCH, run_demo
+
+    raise typer.Exit(run_demo(workdir, keep, base_port, batch or DEMO_BATCH))
+
+
 # --------------------------------------------------------------------------- ComfyUI (issue 7)
-_stub("install", 7, "Install the h3flow node pack into a ComfyUI (--comfy-dir or --host).", nodes_app)
+@nodes_app.command("install")
+@operator_command
+def nodes_install(
+    comfy_dir: Annotated[Optional[Path], typer.Option("--comfy-dir", help="A local ComfyUI folder (or --base-directory).")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="A host of local.json (over SSH).")] = None,
+    link: Annotated[bool, typer.Option("--link", help="Symlink the pack instead of copying it (development).")] = False,
+) -> None:
+    """Install the h3flow node pack into a ComfyUI's custom_nodes (idempotent)."""
+    if host is not None:
+        raise H3FlowError("--host arrives with remote ops (issue 8)")
+    if comfy_dir is None:
+        raise H3FlowError("give --comfy-dir DIR (or --host NAME)")
+    from h3flow.comfy_env import PACK_NAME, install_node_pack
+
+    status = install_node_pack(comfy_dir, link=link)
+    typer.echo(f"{PACK_NAME}: {status} in {Path(comfy_dir) / 'custom_nodes' / PACK_NAME}")
+
+
 # --------------------------------------------------------------------------- remote ops (issue 8)
 _stub("preflight", 8, "Step 4: check every host and service before work starts.")
-_stub("start", 8, "Step 5: start ComfyUI, workers and the receiver on every host (--local: this machine).")
-_stub("stop", 8, "Stop what `start` started, by PID.")
-_stub("check", 8, "Report whether the patches are applied (reverse-check).", patches_app)
-_stub("apply", 8, "Step 1: apply the patches (checks first; applied ones are left alone).", patches_app)
+
+
+@app.command("start")
+@operator_command
+def start(
+    local: Annotated[bool, typer.Option("--local", help="The embedded default: every service on this machine.")] = False,
+    config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
+) -> None:
+    """Step 5: start ComfyUI, workers and the receiver on every host (--local: this machine)."""
+    from h3flow.ops.lifecycle import run_start
+
+    run_start(config, local)
+
+
+@app.command("stop")
+@operator_command
+def stop(
+    local: Annotated[bool, typer.Option("--local", help="The embedded default: every service on this machine.")] = False,
+    config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
+) -> None:
+    """Stop what `start` started, by PID."""
+    from h3flow.ops.lifecycle import run_stop
+
+    run_stop(config, local)
+
+
+ComfyDirOption = Annotated[Optional[Path], typer.Option(help="ComfyUI checkout (gets comfy-turing-lerp.patch).")]
+RaylightDirOption = Annotated[
+    Optional[Path], typer.Option(help="Raylight repository root (gets raylight-sm75-ulysses.patch).")
+]
+PatchHostOption = Annotated[Optional[str], typer.Option("--host", help="Do it on this host of local.json instead.")]
+
+
+def _patch_reports(action: str, comfy_dir: Optional[Path], raylight_dir: Optional[Path], host: Optional[str]) -> list:
+    from h3flow.ops import patches
+
+    if host is not None:
+        return patches.run_on_host(host, action, comfy_dir, raylight_dir)
+    run = patches.check_trees if action == "check" else patches.apply_trees
+    return run(comfy_dir, raylight_dir)
+
+
+@patches_app.command("check")
+@operator_command
+def patches_check(
+    comfy_dir: ComfyDirOption = None, raylight_dir: RaylightDirOption = None, host: PatchHostOption = None
+) -> None:
+    """Report whether the patches are applied (reverse-check). Exit 0: all applied; 1: some not yet."""
+    from h3flow.ops.patches import State
+
+    reports = _patch_reports("check", comfy_dir, raylight_dir, host)
+    for report in reports:
+        if report.state is not State.CONFLICT:
+            typer.echo(report.line())
+    conflicts = [r for r in reports if r.state is State.CONFLICT]
+    if conflicts:
+        raise H3FlowError("; ".join(r.line() for r in conflicts))
+    if any(r.state is State.NOT_APPLIED for r in reports):
+        raise typer.Exit(1)
+
+
+@patches_app.command("apply")
+@operator_command
+def patches_apply(
+    comfy_dir: ComfyDirOption = None, raylight_dir: RaylightDirOption = None, host: PatchHostOption = None
+) -> None:
+    """Step 1: apply the patches (dry-runs all first; applied ones are left alone)."""
+    for report in _patch_reports("apply", comfy_dir, raylight_dir, host):
+        how = "applied now" if report.changed else "already applied, left alone"
+        typer.echo(f"{report.patch} {how} in {report.tree}")
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

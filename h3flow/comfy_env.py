@@ -372,5 +372,72 @@ class ComfyServer:
         self.stop()
 
 
+# --------------------------------------------------------------------------- node pack
+PACK_NAME = "h3flow_nodes"
+PACK_SOURCE = REPO_ROOT / "comfy_nodes" / PACK_NAME
+
+
+def _pack_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+    }
+
+
+def install_node_pack(comfy_dir: Path, *, link: bool = False, source: Path = PACK_SOURCE) -> str:
+    """Put the node pack into ``COMFY_DIR/custom_nodes/h3flow_nodes``; idempotent.
+
+    Copies (or, with ``link``, symlinks) the pack; an identical copy is left alone and a
+    changed one is replaced whole (built beside it, then swapped in). Returns
+    ``installed``, ``updated`` or ``unchanged``.
+    """
+    comfy_dir = Path(comfy_dir).expanduser()
+    if not comfy_dir.is_dir():
+        raise H3FlowError(f"--comfy-dir {comfy_dir}: no such folder")
+    custom = comfy_dir / "custom_nodes"
+    if not custom.is_dir():
+        if not (comfy_dir / "main.py").is_file():
+            raise H3FlowError(f"--comfy-dir {comfy_dir} is not a ComfyUI folder (no main.py, no custom_nodes/)")
+        custom.mkdir()
+    if not (source / "__init__.py").is_file():
+        raise H3FlowError(f"the node pack is missing from this h3flow checkout ({source})")
+    target = custom / PACK_NAME
+    existed = target.exists() or target.is_symlink()
+    if link:
+        if target.is_symlink() and target.resolve() == source.resolve():
+            return "unchanged"
+        tmp_link = custom / f".{PACK_NAME}.link-{os.getpid()}"
+        tmp_link.unlink(missing_ok=True)
+        tmp_link.symlink_to(source.resolve(), target_is_directory=True)
+        _swap_in(tmp_link, target)
+        return "updated" if existed else "installed"
+    wanted = _pack_files(source)
+    if target.is_dir() and not target.is_symlink() and _pack_files(target) == wanted:
+        return "unchanged"
+    staging = Path(tempfile.mkdtemp(prefix=f".{PACK_NAME}.new-", dir=custom))
+    try:
+        for rel, data in wanted.items():
+            dest = staging / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        _swap_in(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return "updated" if existed else "installed"
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Replace ``target`` (folder, link or nothing) by ``new`` with renames only."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        target.rename(old)
+    new.rename(target)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+
+
 if __name__ == "__main__":  # pragma: no cover - `python -m h3flow.comfy_env` pre-installs for CI
     print(ensure_comfyui().root)

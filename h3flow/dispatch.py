@@ -98,32 +98,12 @@ class Dispatcher:
         pools = self.config.samplers if role == "sample" else self.config.decoders
         return [p.name for p in pools if p.name not in self.state.gone]
 
-    # ------------------------------------------------------------------ resume
-    def reconcile(self) -> None:
-        """Trust the files, not the record: what is delivered, what is sampled, what is left."""
-        for rec in self.manifest.clips.values():
-            if rec.state == "delivered" and rec.output and Path(rec.output).exists():
-                if sha256_file(rec.output) == rec.output_sha256:
-                    continue
-            if rec.latent_sha256 and rec.decoder and self._latent_on_decoder(rec.decoder, rec.latent_sha256):
-                rec.state = "sampled"
-            elif rec.state != "failed":
-                rec.state = "pending"
-            rec.error = None if rec.state != "failed" else rec.error
-        self.save()
-
-    def _latent_on_decoder(self, decoder: str, sha: str) -> bool:
-        from h3flow.handoff.store import LatentStore
-
-        host = self.config.pool(decoder).host
-        path = LatentStore(Path(self.config.hosts[host].storage.root)).path_for(sha)
-        return path.exists() and sha256_file(path) == sha
-
     # ------------------------------------------------------------------ the loop
     def run(self) -> Manifest:
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or time.time()
-        self.reconcile()
+        reconcile(self.config, self.manifest)
+        self.save()
         while True:
             changed = self.poll_children()
             changed |= self.check_pools()
@@ -286,6 +266,31 @@ class Dispatcher:
             self.api.abandon(child_id, why)
         self.children.clear()
         self.manifest.state, self.manifest.error = "failed", why
+
+
+def latent_on_decoder(config: LocalConfig, decoder: str, sha: str) -> bool:
+    from h3flow.handoff.store import LatentStore
+
+    host = config.pool(decoder).host
+    path = LatentStore(Path(config.hosts[host].storage.root)).path_for(sha)
+    return path.exists() and sha256_file(path) == sha
+
+
+def reconcile(config: LocalConfig, manifest: Manifest) -> None:
+    """Trust the files, not the record: what is delivered, what is sampled, what is left.
+
+    A delivered clip keeps its state only if its MP4 still hashes right; a clip whose
+    latent is verified in the decoder's store needs only decoding; the rest sample again
+    (where Prefect's cache makes the finished stages free).
+    """
+    for rec in manifest.clips.values():
+        if rec.state == "delivered" and rec.output and Path(rec.output).exists():
+            if sha256_file(rec.output) == rec.output_sha256:
+                continue
+        if rec.latent_sha256 and rec.decoder and latent_on_decoder(config, rec.decoder, rec.latent_sha256):
+            rec.state = "sampled"
+        elif rec.state != "failed":
+            rec.state = "pending"
 
 
 class PrefectApi:

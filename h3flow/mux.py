@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -132,3 +134,70 @@ def mux_mp4(
             feed.until(count * per_frame, final=True)
             container.mux(audio.encode())
     return FileRef(out, sha256_file(out), out.stat().st_size)
+
+
+@dataclass(frozen=True)
+class Mp4Info:
+    """What an MP4 holds, read back with PyAV (for checks, preflight and reports)."""
+
+    video_codec: str
+    pix_fmt: str
+    width: int
+    height: int
+    frames: int
+    fps: Fraction
+    video_seconds: float
+    audio_codec: str | None
+    sample_rate: int
+    channels: int
+    audio_seconds: float
+    audio_samples: int  # decoded (priming skipped; the last AAC frame comes out whole)
+    audio_rms: float
+    audio_peak: float
+    faststart: bool  # the index (moov) precedes the media data (mdat)
+
+
+def _top_level_boxes(path: Path) -> list[bytes]:
+    names: list[bytes] = []
+    with open(path, "rb") as handle:
+        while header := handle.read(8):
+            if len(header) < 8:
+                break
+            size, name = int.from_bytes(header[:4], "big"), header[4:]
+            if size == 1:
+                size = int.from_bytes(handle.read(8), "big") - 8
+            elif size == 0:
+                names.append(name)
+                break
+            names.append(name)
+            handle.seek(size - 8, os.SEEK_CUR)
+    return names
+
+
+def probe_mp4(path: str | os.PathLike[str]) -> Mp4Info:
+    """Stream facts of an MP4 plus its decoded audio level."""
+    path = Path(path)
+    boxes = _top_level_boxes(path)
+    with av.open(str(path)) as container:
+        video = container.streams.video[0]
+        vctx = video.codec_context
+        v_seconds = float(video.duration * video.time_base) if video.duration else 0.0
+        audio_codec, rate, channels, a_seconds = None, 0, 0, 0.0
+        samples, sum_sq, peak = 0, 0.0, 0.0
+        if container.streams.audio:
+            audio = container.streams.audio[0]
+            audio_codec, rate = audio.codec_context.name, audio.codec_context.sample_rate
+            channels = audio.codec_context.layout.nb_channels
+            a_seconds = float(audio.duration * audio.time_base) if audio.duration else 0.0
+            for frame in container.decode(audio=0):
+                data = frame.to_ndarray().astype(np.float64)
+                samples += frame.samples
+                sum_sq += float((data**2).sum()) / max(1, data.shape[0] if frame.format.is_planar else channels)
+                peak = max(peak, float(np.abs(data).max(initial=0.0)))
+        return Mp4Info(
+            video_codec=vctx.name, pix_fmt=vctx.format.name, width=vctx.width, height=vctx.height,
+            frames=video.frames, fps=Fraction(video.average_rate), video_seconds=v_seconds,
+            audio_codec=audio_codec, sample_rate=rate, channels=channels, audio_seconds=a_seconds,
+            audio_samples=samples, audio_rms=math.sqrt(sum_sq / samples) if samples else 0.0, audio_peak=peak,
+            faststart=b"moov" in boxes and b"mdat" in boxes and boxes.index(b"moov") < boxes.index(b"mdat"),
+        )

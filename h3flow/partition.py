@@ -108,8 +108,8 @@ def partition_layers(
                 # Ties keep the first (smallest) i found, so the result is deterministic.
                 if value < best[g][j] - 1e-12:
                     best[g][j], cut[g][j] = value, i
-    if best[k - 1][n] == inf:  # pragma: no cover - excluded by the checks above
-        raise H3FlowError("the layers cannot be split over these GPUs")
+    if best[k - 1][n] > 1.0:  # it fits in total, but not as runs of whole layers in order
+        raise H3FlowError(f"the {n} layers cannot be split in order over these {k} GPUs without overfilling one")
 
     assignment = [0] * n
     j = n

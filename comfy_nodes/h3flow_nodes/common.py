@@ -177,6 +177,18 @@ def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return node
 
 
+def canonical_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors bytes with a key-sorted header: same content, same bytes, same SHA-256.
+
+    (safetensors writes ``__metadata__`` in a random order on every call.)
+    """
+    data = st_save(tensors, metadata=metadata)
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data[8 + length :]
+
+
 def save_structured(path: Path, value: Any, meta: dict[str, str] | None = None) -> str:
     """Any tree of lists/tuples/dicts/tensors/scalars (ComfyUI CONDITIONING) → safetensors.
 
@@ -186,7 +198,7 @@ def save_structured(path: Path, value: Any, meta: dict[str, str] | None = None) 
     tensors: dict[str, torch.Tensor] = {}
     structure = _flatten(value, tensors, "conditioning")
     header = {**(meta or {}), "format": COMFY_COND_FORMAT, "structure": json.dumps(structure)}
-    data = st_save(tensors, metadata=header)
+    data = canonical_safetensors(tensors, header)
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 
@@ -235,3 +247,81 @@ def load_conditioning_any(path: Path, expected_sha256: str | None) -> Any:
     from h3flow.reference.conditioning import load_conditioning
 
     return load_conditioning(path, expected_sha256 or None)
+
+
+# --------------------------------------------------------------------------- reference model
+def reference_encode(image_path: str, prompt: str, spec: str, frames: int) -> Any:
+    """The reference model's encode, byte for byte what the local engine writes."""
+    from h3flow.reference.conditioning import encode_conditioning
+    from h3flow.specs import get_spec, snap_frames
+
+    return encode_conditioning(prompt, image_path, get_spec(spec), snap_frames(frames))
+
+
+def reference_sample(cond: Any, seed: int, steps: int, progress: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference model's sampler (degree 1, in-process)."""
+    from h3flow.reference.conditioning import Conditioning
+    from h3flow.reference.sampler import sample_latent
+
+    if not isinstance(cond, Conditioning):
+        raise H3FlowError("H3ReferenceSample needs the reference model's conditioning (from H3ReferenceEncode)")
+    video, audio = sample_latent(cond, seed=seed, steps=steps)
+    if progress is not None:
+        progress(steps)
+    return video, audio
+
+
+def reference_decode(video: torch.Tensor, audio: torch.Tensor, meta: dict[str, str], *, int8: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Latents → (IMAGE float [F,H,W,3] in 0..1, waveform [1,2,N], sample rate), as the local engine decodes."""
+    from h3flow.engines.local import frames_of
+    from h3flow.reference.audio import decode_audio
+    from h3flow.reference.vae import decode_video, make_decoder
+    from h3flow.specs import AUDIO_RATE, FPS, latent_frames
+
+    frames = frames_of(H3Latent(video=video, audio=audio, meta=meta))
+    if latent_frames(frames) != video.shape[2]:
+        raise H3FlowError(f"latent has T={video.shape[2]} but {frames} frames need T={latent_frames(frames)}")
+    chunks = list(decode_video(video[:1], frames, make_decoder(int8)))
+    images = torch.cat(chunks).to(torch.float32).div_(255.0)
+    waveform = decode_audio(audio[:1], frames * AUDIO_RATE // FPS)
+    return images, waveform[None], AUDIO_RATE
+
+
+# --------------------------------------------------------------------------- video out
+def stereo_at(waveform: torch.Tensor, rate: int, target_rate: int) -> torch.Tensor:
+    """``[C, N]`` float → ``[2, M]`` at ``target_rate`` (libswresample via PyAV)."""
+    wave = waveform.detach().to("cpu", torch.float32)
+    if wave.shape[0] == 1:
+        wave = wave.repeat(2, 1)
+    elif wave.shape[0] > 2:
+        wave = wave[:2]
+    if rate == target_rate:
+        return wave.contiguous()
+    import av
+    import numpy as np
+
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave.numpy()), format="fltp", layout="stereo")
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="fltp", layout="stereo", rate=target_rate)
+    parts = [f.to_ndarray() for f in resampler.resample(frame)] + [f.to_ndarray() for f in resampler.resample(None)]
+    return torch.from_numpy(np.concatenate(parts, axis=1)) if parts else torch.zeros(2, 0)
+
+
+def save_video_aac(path: Path, images: torch.Tensor, audio: dict[str, Any], fps: float) -> str:
+    """IMAGE [F,H,W,3] floats + AUDIO → MP4 through :func:`h3flow.mux.mux_mp4`; returns the SHA-256."""
+    from h3flow.mux import mux_mp4
+    from h3flow.specs import AUDIO_RATE
+
+    if images.dim() != 4 or images.shape[-1] != 3:
+        raise H3FlowError(f"images must be [frames, H, W, 3], got {list(images.shape)}")
+    if abs(fps - round(fps)) > 1e-6:
+        raise H3FlowError(f"fps must be a whole number for exact AAC timestamps, got {fps}")
+    waveform = audio["waveform"]
+    waveform = waveform[0] if waveform.dim() == 3 else waveform
+    wave = stereo_at(waveform, int(audio["sample_rate"]), AUDIO_RATE)
+
+    def chunks(step: int = 8) -> Any:  # decode_video's chunk: the same MP4 bytes as the local engine
+        for start in range(0, images.shape[0], step):
+            yield images[start : start + step].mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+
+    return mux_mp4(path, chunks(), wave, fps=int(round(fps)), sample_rate=AUDIO_RATE).sha256

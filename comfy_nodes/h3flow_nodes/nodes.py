@@ -43,6 +43,11 @@ def _input_file(name: str) -> str:
     return str(common.resolve_path(name))
 
 
+def _always(*_args: Any, **_kwargs: Any) -> float:
+    """IS_CHANGED of save nodes: NaN never equals itself, so a save always runs (its file may be gone)."""
+    return float("nan")
+
+
 def _saved(kind: str, path: Any, sha: str, result: tuple[Any, ...] = ()) -> dict[str, Any]:
     return {"ui": {common.FILES_KEY: [common.file_ref(path, sha, kind)]}, "result": result}
 
@@ -84,6 +89,7 @@ class H3SaveConditioning:
     RETURN_TYPES = ()
     FUNCTION = "save"
     OUTPUT_NODE = True
+    IS_CHANGED = classmethod(_always)
     CATEGORY = CATEGORY
 
     def save(self, conditioning: Any, path: str) -> dict[str, Any]:
@@ -128,6 +134,7 @@ class H3LatentHandoffSave:
     RETURN_TYPES = ()
     FUNCTION = "save"
     OUTPUT_NODE = True
+    IS_CHANGED = classmethod(_always)
     CATEGORY = CATEGORY
 
     def save(self, samples: dict[str, Any], path: str, meta: str = "{}") -> dict[str, Any]:
@@ -185,6 +192,7 @@ class H3SaveVideoAAC:
     RETURN_TYPES = ()
     FUNCTION = "save"
     OUTPUT_NODE = True
+    IS_CHANGED = classmethod(_always)
     CATEGORY = CATEGORY
 
     def save(self, images: torch.Tensor, audio: dict[str, Any], path: str, fps: float) -> dict[str, Any]:

@@ -8,6 +8,8 @@ local.json has a schedule, the cron ``batch/inbox`` — and writes the matching
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,17 +85,18 @@ def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     for spec in deployment_specs(config, config_path):
         flow = Flow.from_source(source=str(SOURCE_DIR), entrypoint=ENTRYPOINTS[spec.flow])
         schedules = [CronSchedule(cron=spec.cron, timezone=spec.timezone)] if spec.cron else None
-        flow.deploy(
-            name=spec.name,
-            work_pool_name=spec.work_pool,
-            job_variables={"env": spec.env, "working_dir": str(SOURCE_DIR)},
-            parameters=spec.parameters,
-            schedules=schedules,
-            build=False,
-            push=False,
-            print_next_steps=False,
-            ignore_warnings=True,
-        )
+        with contextlib.redirect_stdout(io.StringIO()):  # Prefect prints a table per deploy
+            flow.deploy(
+                name=spec.name,
+                work_pool_name=spec.work_pool,
+                job_variables={"env": spec.env, "working_dir": str(SOURCE_DIR)},
+                parameters=spec.parameters,
+                schedules=schedules,
+                build=False,
+                push=False,
+                print_next_steps=False,
+                ignore_warnings=True,
+            )
         names.append(spec.full_name)
     write_prefect_yaml(config, config_path, Path(config_path).resolve().parent / "prefect.yaml")
     return names

@@ -180,6 +180,8 @@ def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -
                     problems.append(f"{where}: input {key!r} wants {kind} but node {src_id} output {slot} is {outputs[slot]}")
                 continue
             if kind == "COMBO" and options is not None:
+                if opts.get("image_upload") or opts.get("upload"):
+                    continue  # an upload target: files arrive with the prompt (LoadImage checks itself)
                 if value not in options:
                     shown = ", ".join(map(repr, options[:12])) + (" ..." if len(options) > 12 else "")
                     problems.append(f"{where}: input {key!r} value {value!r} not among the options [{shown}]")

@@ -45,6 +45,7 @@ from h3flow.engines.base import FileRef
 from h3flow.errors import H3FlowError, IntegrityError, TransientError
 from h3flow.fsutil import CHUNK, sha256_file
 from h3flow.handoff.store import LatentStore, check_sha256, object_relpath
+from h3flow.handoff.transfer import local_size, os_reason
 
 if TYPE_CHECKING:
     from h3flow.handoff.transfer import Destination
@@ -389,16 +390,16 @@ def tcp_send(ref: FileRef, dest: Destination, timeout: float = 60.0) -> FileRef:
     if not dest.secret:
         raise H3FlowError(f"tcp transfer to {dest.host} needs the receiver's shared secret")
     check_sha256(ref.sha256)
-    size = _local_size(ref)
+    size = local_size(ref)
     try:
         sock = socket.create_connection((dest.address, dest.port), timeout=timeout)
     except OSError as exc:
-        raise TransientError(f"cannot connect to the {where}: {_reason(exc)}") from None
+        raise TransientError(f"cannot connect to the {where}: {os_reason(exc)}") from None
     try:
         with sock:
             _put(sock, ref, size, dest.secret, where)
     except (OSError, struct.error) as exc:
-        raise TransientError(f"transfer of latent {ref.sha256[:12]} to the {where} failed: {_reason(exc)}") from None
+        raise TransientError(f"transfer of latent {ref.sha256[:12]} to the {where} failed: {os_reason(exc)}") from None
     except ProtocolError as exc:
         raise H3FlowError(f"the {where} does not speak {PROTO}: {exc}") from None
     return FileRef(Path(dest.store_root) / object_relpath(ref.sha256), ref.sha256, size)
@@ -472,19 +473,3 @@ def _refusal(reply: dict[str, Any], where: str) -> H3FlowError:
     if kind == "disk_full":
         return H3FlowError(f"the {where} is out of space: {error}")
     return H3FlowError(f"the {where} refused the latent ({kind}): {error}")
-
-
-def _local_size(ref: FileRef) -> int:
-    try:
-        size = os.stat(ref.path).st_size
-    except OSError as exc:
-        raise H3FlowError(f"cannot read latent {ref.path}: {exc.strerror or exc}") from None
-    if size != ref.size:
-        raise IntegrityError(f"latent {ref.path} is {size} bytes, its FileRef says {ref.size}")
-    return size
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timed out"
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

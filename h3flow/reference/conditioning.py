@@ -11,7 +11,7 @@ Camera (the view moves; the picture moves the other way):
 - speed: ``slow`` words x0.5, ``fast`` words x2 (:data:`SPEED_WORDS`); ``static``,
   ``motionless``, ``locked``, ``tripod``, ``frozen`` stop the camera.
 - no camera word at all: a slow push in.
-At speed 1 a pan covers 8% of the frame width per second, a tilt 8% of the height, a
+At speed 1 a pan covers 6% of the frame width per second, a tilt 6% of the height, a
 zoom scales by e^0.08 per second.
 
 Audio: 32 oscillators a semitone apart from C3 (130.8 Hz). The mood word that occurs
@@ -45,13 +45,13 @@ from safetensors.torch import save as st_save
 
 from h3flow.errors import H3FlowError, IntegrityError
 from h3flow.fsutil import atomic_write_bytes, sha256_bytes
-from h3flow.reference.vae import encode_images
+from h3flow.reference.vae import PatchEncoder
 from h3flow.specs import AUDIO_CHANNELS, Spec
 
 ENCODER_ID = "h3flow-reference-dct24-v1"
 FORMAT = "h3flow-conditioning-v1"
 
-PAN_PER_SECOND = 0.08  # fraction of the frame per second at speed 1
+PAN_PER_SECOND = 0.06  # fraction of the frame per second at speed 1
 ZOOM_PER_SECOND = 0.08  # log-scale per second at speed 1
 
 LEFT = {"left", "leftward", "leftwards"}
@@ -205,11 +205,13 @@ def load_reference_image(path: str | Path, height: int, width: int) -> torch.Ten
     return image_from_bytes(_read_image_bytes(path), height, width, name=str(path))
 
 
-def encode_conditioning(prompt: str, image_path: str | Path, spec: Spec, frames: int, *, device: str = "cpu") -> Conditioning:
+def encode_conditioning(
+    prompt: str, image_path: str | Path, spec: Spec, frames: int, *, encoder: PatchEncoder | None = None
+) -> Conditioning:
     """Prompt + reference image -> :class:`Conditioning` (deterministic in its inputs)."""
     image_bytes = _read_image_bytes(image_path)
-    pixels = image_from_bytes(image_bytes, spec.height, spec.width, name=str(image_path)).to(device)
-    latent = encode_images(pixels[None])  # [1, 24, h, w]
+    pixels = image_from_bytes(image_bytes, spec.height, spec.width, name=str(image_path))
+    latent = (encoder or PatchEncoder()).encode(pixels[None])  # [1, 24, h, w]
     camera = parse_camera(prompt)
     audio = parse_audio(prompt)
     meta = {

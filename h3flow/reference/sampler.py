@@ -10,7 +10,7 @@ The denoiser's prediction is a *target* plus a small attention residual:
   latent frame at its pixel time, see :func:`h3flow.reference.vae.pixel_position`),
   the seed jittering the camera speed by up to +-10%;
 - a real multi-head self-attention block (8 heads x 8 dims, seeded fixed weights,
-  output gain 0.05) over 2x2 latent patches, within each latent frame; it sees the
+  output gain 0.01) over 2x2 latent patches, within each latent frame; it sees the
   noisy input, so the seed's noise leaves a small, deterministic trace in the result;
 - latent frame 0 is pinned to the reference image's latent (image-to-video);
 - audio target: the chord of the prompt's mood, pulsing, panned, seeded detail.
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from h3flow.reference.conditioning import Conditioning
 from h3flow.reference.ulysses import ParallelContext, gather_sequence, heads_to_seq, padded_length, seq_to_heads
-from h3flow.reference.vae import pixel_position
+from h3flow.reference.vae import channel_frequencies, pixel_position
 from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, FPS, VIDEO_CHANNELS, audio_latent_steps, latent_frames
 
 TOKEN_PATCH = 2  # latent cells per token side (a DiT's patchify)
@@ -41,7 +41,7 @@ SAMPLER_ID = "euler-simple"
 class DenoiserConfig:
     heads: int = 8
     head_dim: int = 8
-    gain: float = 0.05
+    gain: float = 0.01
     weight_seed: int = 0x4833  # "H3"
     shift: float = 1.0  # flow time shift of the sigma table (1.0: none)
 
@@ -97,7 +97,12 @@ def from_tokens(tokens: torch.Tensor, t: int, h: int, w: int) -> torch.Tensor:
 
 
 def camera_target(first_frame: torch.Tensor, camera: torch.Tensor, latent_t: int, speed_factor: float = 1.0) -> torch.Tensor:
-    """The first-frame latent ``[1, 24, 1, h, w]`` seen along the camera path: ``[1, 24, T, h, w]``."""
+    """The first-frame latent ``[1, 24, 1, h, w]`` seen along the camera path: ``[1, 24, T, h, w]``.
+
+    Where the view leaves the picture it sees the picture mirrored. Mirroring a patch
+    flips the sign of its odd DCT frequencies along that axis, so those channels are
+    negated where the sample point was reflected an odd number of times.
+    """
     _, c, _, h, w = first_frame.shape
     pan_x, pan_y, zoom = (float(v) * speed_factor for v in camera[:3])
     seconds = torch.tensor([pixel_position(t) / FPS for t in range(latent_t)], dtype=torch.float32)
@@ -110,6 +115,12 @@ def camera_target(first_frame: torch.Tensor, camera: torch.Tensor, latent_t: int
     src = first_frame[0, :, 0].to(torch.float32).cpu().expand(latent_t, c, h, w)
     grid = F.affine_grid(theta, [latent_t, c, h, w], align_corners=False)
     moved = F.grid_sample(src, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+    flips = torch.remainder(torch.floor((grid + 1) / 2), 2)  # [T, h, w, (x, y)]: 1 where mirrored
+    freqs = torch.tensor(channel_frequencies())  # [24, (u, v)]
+    odd_v = (freqs[:, 1] % 2).float()[None, :, None, None]
+    odd_u = (freqs[:, 0] % 2).float()[None, :, None, None]
+    sign = (1 - 2 * flips[..., 0][:, None] * odd_v) * (1 - 2 * flips[..., 1][:, None] * odd_u)
+    moved = moved * sign
     moved[0] = first_frame[0, :, 0]
     return moved.permute(1, 0, 2, 3)[None].contiguous()
 

@@ -46,6 +46,11 @@ CHANNEL_PLAN: tuple[tuple[tuple[float, float, float], int], ...] = (
 )
 
 
+def channel_frequencies() -> list[tuple[int, int]]:
+    """(vertical, horizontal) DCT frequency of each latent channel, in channel order."""
+    return [(u, v) for _, freqs in CHANNEL_PLAN for u in range(freqs) for v in range(freqs)]
+
+
 def dct_1d(n: int = PATCH) -> torch.Tensor:
     """Orthonormal DCT-II basis, rows are frequencies: ``[n, n]`` float64."""
     k = torch.arange(n, dtype=torch.float64)[:, None]
@@ -83,13 +88,31 @@ def patches_to_image(patches: torch.Tensor) -> torch.Tensor:
     return x.reshape(n, h * PATCH, w * PATCH, 3)
 
 
+class PatchEncoder:
+    """The encoder: the basis, held on a device (what the local engine offloads)."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.basis = patch_basis().to(torch.float32).to(device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.basis.numel() * self.basis.element_size()
+
+    def to(self, device: str | torch.device) -> "PatchEncoder":
+        self.basis = self.basis.to(device)
+        return self
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """RGB ``[N, H, W, 3]`` in [0, 1] -> latent frames ``[N, 24, H/16, W/16]`` (float32)."""
+        if images.shape[1] % PATCH or images.shape[2] % PATCH:
+            raise ValueError(f"image size {tuple(images.shape[1:3])} is not a multiple of {PATCH}")
+        patches = image_to_patches(images.to(self.basis.device, torch.float32) * 2.0 - 1.0)
+        return (patches @ self.basis.T / SCALE).permute(0, 3, 1, 2).contiguous()
+
+
 def encode_images(images: torch.Tensor) -> torch.Tensor:
     """RGB ``[N, H, W, 3]`` in [0, 1] -> latent frames ``[N, 24, H/16, W/16]`` (float32)."""
-    if images.shape[1] % PATCH or images.shape[2] % PATCH:
-        raise ValueError(f"image size {tuple(images.shape[1:3])} is not a multiple of {PATCH}")
-    basis = patch_basis().to(torch.float32).to(images.device)
-    patches = image_to_patches(images.to(torch.float32) * 2.0 - 1.0)
-    return (patches @ basis.T / SCALE).permute(0, 3, 1, 2).contiguous()
+    return PatchEncoder(images.device).encode(images)
 
 
 # Pixel frame <-> latent time: H3 pairs 17k+5 pixel frames with 5k+2 latent frames.
@@ -197,3 +220,15 @@ def decode_video(video: torch.Tensor, frames: int, decoder: Fp32Decoder, *, chun
         sl = slice(start, min(start + chunk, frames))
         z = torch.lerp(lat[lo[sl]], lat[hi[sl]], wt[sl])
         yield decoder.decode(z)
+
+
+def decode_to_frames(video: torch.Tensor, frames: int, *, int8: bool = True, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The whole clip as float RGB ``[frames, H, W, 3]`` in [0, 1] (ComfyUI's IMAGE layout)."""
+    decoder = make_decoder(int8, device)
+    return torch.cat([chunk.to(torch.float32).div_(255.0) for chunk in decode_video(video, frames, decoder)])
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 255.0) -> float:
+    """Peak signal-to-noise ratio in dB between two images or videos (inf if identical)."""
+    mse = float(((a.to(torch.float64) - b.to(torch.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10.0 * math.log10(peak * peak / mse)

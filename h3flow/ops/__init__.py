@@ -1,0 +1,1 @@
+"""Operations on the cluster's hosts: patches, services, preflight."""

@@ -1,0 +1,297 @@
+"""``h3flow start / stop / status --services``: bring the services up, down, and report them.
+
+The steps are written against :class:`~h3flow.ops.services.Runner` and a list of
+:class:`~h3flow.ops.services.ServiceSpec`, so the remote path (issue 8) reuses them
+with an SSH runner per host and its own specs; ``--local`` (the embedded default) is
+:func:`~h3flow.ops.services.local_specs` with one :class:`LocalRunner`.
+
+Start order: the Prefect server (health-waited), then the deployments and work pools,
+then every worker and receiver at once, all health-waited together. Stop goes in
+reverse. Both are idempotent: a service whose PID file names its live process is left
+alone, a stale PID file is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from h3flow.config import LocalConfig, load_local_config
+from h3flow.errors import ConfigError, H3FlowError
+from h3flow.ops.services import LocalRunner, Proc, Runner, ServiceSpec, check_health, local_specs, service_dir
+
+RunnerFor = Callable[[str], Runner]
+Deploy = Callable[[LocalConfig, Path], object]
+POLL = 0.25  # seconds between health probes
+
+
+def remote_not_built(what: str) -> H3FlowError:
+    return H3FlowError(f"remote {what} arrives with issue 8 (remote ops); for this machine use --local")
+
+
+@dataclass
+class ServiceState:
+    """A service, its process, and what start / stop / status found or did."""
+
+    spec: ServiceSpec
+    proc: Proc
+    action: str = ""  # started | running | restarted | stopped | killed | not running
+    healthy: bool | None = None
+    detail: str = ""
+    spawned_at: float | None = None  # set when this call started it
+
+    @property
+    def uptime(self) -> float | None:
+        return time.time() - self.proc.started if self.proc.running and self.proc.started else None
+
+
+def default_deploy(config: LocalConfig, config_path: Path) -> None:
+    """Create the work pools and deployments (``h3flow.deployments.deploy_all``) on *this*
+    config's server: the caller's own PREFECT_API_URL (or none: an ephemeral server) must
+    not decide where they go."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from h3flow.deployments import deploy_all
+
+    with temporary_settings({PREFECT_API_URL: config.prefect.api_url}):
+        deploy_all(config, config_path)
+
+
+# --------------------------------------------------------------------------- the building blocks
+def ensure_started(spec: ServiceSpec, runner: Runner) -> ServiceState:
+    """Leave a running service alone; otherwise clear a stale PID file and spawn it."""
+    proc = runner.inspect(spec)
+    if proc.running:
+        return ServiceState(spec, proc, "running")
+    if proc.stale:
+        runner.forget(spec)
+    for address, port in spec.binds:
+        if not runner.port_free(address, port):
+            raise H3FlowError(
+                f"{spec.name}: port {port} on {address} is in use by another process (not one h3flow started); "
+                "stop it, or rerun `h3flow config-adapt --local` to pick free ports"
+            )
+    action = "restarted" if proc.stale else "started"
+    proc = runner.spawn(spec)
+    return ServiceState(spec, proc, action, spawned_at=proc.started)
+
+
+def wait_healthy(
+    states: Sequence[ServiceState],
+    runner_for: RunnerFor,
+    *,
+    timeout: float,
+    console: Console,
+) -> None:
+    """Probe every service until all are healthy; one that dies or stays unhealthy is an error."""
+    pending = list(states)
+    begin = time.monotonic()
+    deadline = begin + timeout
+    with console.status("") as spinner:
+        while pending:
+            spinner.update("waiting for " + ", ".join(s.spec.name for s in pending) + " …")
+            for state in list(pending):
+                runner = runner_for(state.spec.host)
+                proc = runner.inspect(state.spec)
+                if not proc.running:
+                    runner.forget(state.spec)
+                    raise H3FlowError(
+                        f"{state.spec.name} exited while starting; {_log_excerpt(state.spec, runner)}"
+                    )
+                state.healthy, state.detail = check_health(state.spec.health, since=state.spawned_at)
+                if state.healthy:
+                    pending.remove(state)
+                    took = f" in {time.monotonic() - begin:.1f} s" if state.spawned_at else ""
+                    console.print(
+                        f"[green]✓[/] {state.spec.name:<22} {state.action}{took}, pid {proc.pid} — {state.detail}"
+                    )
+            if pending and time.monotonic() >= deadline:
+                state = pending[0]
+                runner = runner_for(state.spec.host)
+                if state.spawned_at is not None and state.proc.pid is not None:
+                    runner.stop(state.spec, state.proc.pid)  # do not leave a half-started process behind
+                raise H3FlowError(
+                    f"{state.spec.name} not healthy after {timeout:.0f} s ({state.detail}); "
+                    f"{_log_excerpt(state.spec, runner)}"
+                )
+            if pending:
+                time.sleep(POLL)
+
+
+def _log_excerpt(spec: ServiceSpec, runner: Runner, lines: int = 8) -> str:
+    tail = runner.tail(spec, lines)
+    return f"last lines of {spec.log}: " + (" | ".join(tail) if tail else "(empty)")
+
+
+def bring_up(
+    specs: Sequence[ServiceSpec],
+    runner_for: RunnerFor,
+    *,
+    timeout: float,
+    console: Console,
+) -> list[ServiceState]:
+    """Start what is not running (all at once), then health-wait them together."""
+    states = [ensure_started(spec, runner_for(spec.host)) for spec in specs]
+    wait_healthy(states, runner_for, timeout=timeout, console=console)
+    return states
+
+
+def bring_down(specs: Sequence[ServiceSpec], runner_for: RunnerFor, *, console: Console) -> list[ServiceState]:
+    """Stop by PID, in reverse start order; a stale PID file is just removed."""
+    states = []
+    for spec in reversed(specs):
+        runner = runner_for(spec.host)
+        proc = runner.inspect(spec)
+        if proc.running and proc.pid is not None:
+            with console.status(f"stopping {spec.name} (pid {proc.pid}) …"):
+                killed = runner.stop(spec, proc.pid)
+            state = ServiceState(spec, proc, "killed" if killed else "stopped")
+            console.print(f"[green]✓[/] {spec.name:<22} {state.action} (pid {proc.pid})")
+        else:
+            if proc.stale:
+                runner.forget(spec)
+            state = ServiceState(spec, proc, "not running")
+            console.print(f"[dim]·[/] {spec.name:<22} not running")
+        states.append(state)
+    return list(reversed(states))
+
+
+def probe_all(specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> list[ServiceState]:
+    """Each service's process and (when it runs) one health probe."""
+    states = []
+    for spec in specs:
+        proc = runner_for(spec.host).inspect(spec)
+        state = ServiceState(spec, proc, "running" if proc.running else "not running")
+        if proc.running:
+            state.healthy, state.detail = check_health(spec.health)
+        elif proc.stale:
+            state.detail = f"stale PID file (pid {proc.pid} is gone)"
+        states.append(state)
+    return states
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One start / stop at a time per work dir (a second one waits, then finds the work done)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# --------------------------------------------------------------------------- the embedded default
+def _local(config: LocalConfig, runner_for: RunnerFor | None) -> RunnerFor:
+    if not config.work_dir:
+        raise ConfigError(
+            "this local.json is not the embedded default (it has no work_dir): "
+            "make one with `h3flow config-adapt --local`, or run `h3flow start` without --local (issue 8)"
+        )
+    if runner_for is not None:
+        return runner_for
+    runner = LocalRunner()
+    return lambda _host: runner
+
+
+def start_services(
+    config: LocalConfig,
+    config_path: Path,
+    *,
+    runner_for: RunnerFor | None = None,
+    deploy: Deploy | None = default_deploy,
+    console: Console | None = None,
+    timeout: float = 60.0,
+) -> list[ServiceState]:
+    """``h3flow start --local``: server, then deployments, then workers and receivers.
+
+    ``deploy`` runs after the server is healthy whenever this call starts the server or
+    a worker (so a start that finds everything running is a true no-op).
+    """
+    runner_for = _local(config, runner_for)
+    console = console or Console(highlight=False)
+    specs = local_specs(config, config_path)
+    server, rest = specs[0], specs[1:]
+    with _locked(service_dir(config) / ".lock"):
+        runner_for(server.host).ensure_secret(config.transfer.secret)
+        states = bring_up([server], runner_for, timeout=timeout, console=console)
+        missing = [s for s in rest if s.kind == "worker" and not runner_for(s.host).inspect(s).running]
+        if deploy is not None and (states[0].spawned_at is not None or missing):
+            with console.status("creating work pools and deployments …"):
+                deploy(config, config_path)
+            console.print(f"[green]✓[/] {'deployments':<22} created / updated")
+        states += bring_up(rest, runner_for, timeout=timeout, console=console)
+    console.print(f"Prefect UI: {config.prefect.api_url.removesuffix('/api')}   logs: {service_dir(config)}")
+    return states
+
+
+def stop_services(
+    config: LocalConfig,
+    config_path: Path,
+    *,
+    runner_for: RunnerFor | None = None,
+    console: Console | None = None,
+) -> list[ServiceState]:
+    """``h3flow stop --local``: workers and receivers, then the server, by PID."""
+    runner_for = _local(config, runner_for)
+    with _locked(service_dir(config) / ".lock"):
+        return bring_down(local_specs(config, config_path), runner_for, console=console or Console(highlight=False))
+
+
+def service_status(
+    config: LocalConfig, config_path: Path, *, runner_for: RunnerFor | None = None
+) -> list[ServiceState]:
+    """Each service of the embedded default: running or not, pid, uptime, health."""
+    return probe_all(local_specs(config, config_path), _local(config, runner_for))
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def render_status(states: Sequence[ServiceState]) -> Table:
+    table = Table(title="services", title_justify="left")
+    for column in ("service", "host", "state", "pid", "uptime", "health"):
+        table.add_column(column)
+    for st in states:
+        running = st.proc.running
+        health = "—" if st.healthy is None else ("[green]✓[/] " if st.healthy else "[red]✗[/] ") + st.detail
+        table.add_row(
+            st.spec.name,
+            st.spec.host,
+            "[green]running[/]" if running else "[red]stopped[/]",
+            str(st.proc.pid) if running else "—",
+            _uptime(st.uptime),
+            health if running else (st.detail or "—"),
+        )
+    return table
+
+
+def print_service_status(config_path: Path = Path("local.json"), console: Console | None = None) -> list[ServiceState]:
+    """``h3flow status --services``: a table of every service (embedded default)."""
+    config = load_local_config(config_path)
+    if not config.work_dir:
+        raise remote_not_built("status --services")
+    states = service_status(config, config_path)
+    (console or Console(highlight=False)).print(render_status(states))
+    return states
+
+
+def run_start(config_path: Path, local: bool) -> None:
+    if not local:
+        raise remote_not_built("start")
+    start_services(load_local_config(config_path), config_path)
+
+
+def run_stop(config_path: Path, local: bool) -> None:
+    if not local:
+        raise remote_not_built("stop")
+    stop_services(load_local_config(config_path), config_path)

@@ -1,0 +1,506 @@
+"""The long-running services h3flow supervises, as data, and the runner that controls them.
+
+Why data: the embedded default (``start --local``) and the remote hosts (issue 8) run
+the *same* commands; only how a process is spawned, signalled and inspected differs
+(here: ``subprocess`` + ``/proc``; remotely: the same steps through SSH, ``setsid
+nohup ... & echo $! > pidfile``). So a service is a :class:`ServiceSpec` (argv, env,
+cwd, log, PID file, health check), built from local.json by :func:`local_specs`, and
+process control lives behind the small :class:`Runner` protocol. Health checks run on
+the controlling machine (:func:`check_health`), against the addresses in local.json.
+
+Each service runs in its own session (``setsid``): SIGTERM to its process group stops
+it and everything it spawned, and it does not inherit the caller's SIGINT-ignored
+disposition (bash does that to background jobs, and Prefect maps SIGTERM to SIGINT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from h3flow.config import LocalConfig, SecretSource
+from h3flow.errors import ConfigError, H3FlowError
+from h3flow.fsutil import atomic_write_text
+
+Kind = Literal["prefect-server", "worker", "receiver", "comfyui"]
+WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
+WORKER_HEARTBEAT_SECONDS = 5
+
+
+# --------------------------------------------------------------------------- health checks
+@dataclass(frozen=True)
+class HttpHealth:
+    """Healthy when ``GET url`` answers 200 with ``expect`` as its body."""
+
+    url: str
+    expect: str = "true"
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """Healthy when the Prefect API lists ``worker`` ONLINE on ``work_pool``.
+
+    With ``since`` (epoch seconds), its last heartbeat must be that recent: a worker
+    killed a moment ago still shows ONLINE until the server notices missed heartbeats.
+    """
+
+    api_url: str
+    work_pool: str
+    worker: str
+
+
+@dataclass(frozen=True)
+class ReceiverHealth:
+    """Healthy when an h3flow latent receiver answers ``ping`` at ``address:port``."""
+
+    address: str
+    port: int
+
+
+Health = HttpHealth | WorkerHealth | ReceiverHealth
+
+
+def check_health(health: Health, since: float | None = None, timeout: float = 2.0) -> tuple[bool, str]:
+    """One probe from this machine: (healthy, a short human-readable detail)."""
+    if isinstance(health, HttpHealth):
+        try:
+            reply = httpx.get(health.url, timeout=timeout)
+        except httpx.HTTPError as exc:
+            return False, f"GET {health.url}: {type(exc).__name__}"
+        body = reply.text.strip()
+        ok = reply.status_code == 200 and body == health.expect
+        return ok, f"GET {health.url} → {reply.status_code} {body[:40]}"
+    if isinstance(health, WorkerHealth):
+        return _worker_health(health, since, timeout)
+    from h3flow.handoff.tcp import probe
+
+    where = f"{health.address}:{health.port}"
+    return (True, f"receiver answers ping at {where}") if probe(health.address, health.port, timeout) else (
+        False,
+        f"no receiver answering at {where}",
+    )
+
+
+def _worker_health(health: WorkerHealth, since: float | None, timeout: float) -> tuple[bool, str]:
+    url = f"{health.api_url.rstrip('/')}/work_pools/{health.work_pool}/workers/filter"
+    try:
+        reply = httpx.post(url, json={}, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return False, f"Prefect API unreachable ({type(exc).__name__})"
+    if reply.status_code == 404:
+        return False, f"work pool {health.work_pool} does not exist yet"
+    if reply.status_code != 200:
+        return False, f"Prefect API answered {reply.status_code}"
+    for worker in reply.json():
+        if worker.get("name") != health.worker:
+            continue
+        beat = _epoch(worker.get("last_heartbeat_time"))
+        age = f"heartbeat {max(0.0, time.time() - beat):.0f} s ago" if beat else "no heartbeat"
+        if worker.get("status") != "ONLINE":
+            return False, f"{worker.get('status', '?')} on {health.work_pool}, {age}"
+        if since is not None and (beat is None or beat < since - 1.0):
+            return False, f"waiting for a heartbeat from the new process ({age})"
+        return True, f"ONLINE on {health.work_pool}, {age}"
+    return False, f"not registered on {health.work_pool} yet"
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return None
+
+
+# --------------------------------------------------------------------------- service specs
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One supervised process, as plain data a local or an SSH runner can act on."""
+
+    name: str
+    kind: Kind
+    host: str  # the local.json host it runs on
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(hash=False)  # on top of the host's environment (minus PREFECT_*)
+    cwd: str
+    log: str
+    pidfile: str
+    health: Health
+    binds: tuple[tuple[str, int], ...] = ()  # (address, port) it listens on: must be free to start
+    stop_grace: float = 15.0  # seconds between SIGTERM and SIGKILL
+
+
+def service_dir(config: LocalConfig) -> Path:
+    """Where the embedded default keeps its logs and PID files."""
+    if not config.work_dir:
+        raise ConfigError("this local.json has no work_dir: make it with `h3flow config-adapt --local`")
+    return Path(config.work_dir) / "services"
+
+
+def prefect_home(config: LocalConfig) -> Path:
+    return Path(config.work_dir or ".") / "prefect"
+
+
+def _api_host_port(api_url: str) -> tuple[str, int]:
+    parts = urlsplit(api_url)
+    if not parts.hostname:
+        raise ConfigError(f"prefect.api_url {api_url!r} has no host")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _venv_bin(config: LocalConfig, host: str, tool: str) -> str:
+    return str(Path(config.hosts[host].venv) / "bin" / tool)
+
+
+def _prefect_env(config: LocalConfig) -> dict[str, str]:
+    return {
+        "PREFECT_HOME": str(prefect_home(config)),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def server_spec(config: LocalConfig, where: Path) -> ServiceSpec:
+    """The embedded default's Prefect server: SQLite under the work dir, in the foreground."""
+    host, port = _api_host_port(config.prefect.api_url)
+    first = config.pools[0].host
+    home = prefect_home(config)
+    env = {
+        **_prefect_env(config),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+    }
+    return ServiceSpec(
+        name="prefect-server",
+        kind="prefect-server",
+        host=first,
+        argv=(_venv_bin(config, first, "prefect"), "server", "start", "--host", host, "--port", str(port)),
+        env=env,
+        cwd=str(home),
+        log=str(where / "prefect-server.log"),
+        pidfile=str(where / "prefect-server.pid"),
+        health=HttpHealth(config.prefect.api_url.rstrip("/") + "/health"),
+        binds=((host, port),),
+        stop_grace=20.0,
+    )
+
+
+def worker_spec(
+    config: LocalConfig, config_path: Path, where: Path, work_pool: str, host: str, pool_env: Mapping[str, str]
+) -> ServiceSpec:
+    """A Prefect process worker polling ``work_pool`` every second, in its own session."""
+    name = f"{work_pool}-worker"
+    venv_bin = str(Path(config.hosts[host].venv) / "bin")
+    env = {
+        **_prefect_env(config),
+        **pool_env,
+        "PREFECT_API_URL": config.prefect.api_url,
+        "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_SECONDS),
+        "PREFECT_WORKER_HEARTBEAT_SECONDS": str(WORKER_HEARTBEAT_SECONDS),
+        "H3FLOW_CONFIG": str(Path(config_path).resolve()),
+        "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+    return ServiceSpec(
+        name=f"worker-{work_pool}",
+        kind="worker",
+        host=host,
+        argv=(f"{venv_bin}/prefect", "worker", "start", "--pool", work_pool, "--type", "process", "--name", name),
+        env=env,
+        cwd=str(config.work_dir or where),
+        log=str(where / f"worker-{work_pool}.log"),
+        pidfile=str(where / f"worker-{work_pool}.pid"),
+        health=WorkerHealth(config.prefect.api_url, work_pool, name),
+    )
+
+
+def worker_specs(config: LocalConfig, config_path: Path, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """One worker per GPU pool (with the pool's device pinning), plus the dispatcher's."""
+    specs = [
+        worker_spec(config, config_path, where(pool.host), pool.work_pool, pool.host, {**pool.env, "H3FLOW_POOL": pool.name})
+        for pool in config.pools
+    ]
+    host = config.pools[0].host  # the batch (dispatcher) flow runs on the controlling host
+    specs.append(worker_spec(config, config_path, where(host), config.control_work_pool, host, {}))
+    return specs
+
+
+def secret_args(secret: SecretSource) -> tuple[str, ...]:
+    """How the receiver finds the transfer secret (its value never appears on a command line)."""
+    if secret.source == "file":
+        return ("--secret-file", str(secret.path))
+    if secret.source == "env":
+        return ("--secret-env", secret.name)
+    raise ConfigError(
+        "the receiver reads its secret from a file or an environment variable; "
+        f"transfer.secret.source {secret.source!r} is not supported by `h3flow start` yet"
+    )
+
+
+def receiver_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """The latent receiver on each decoder host that tcp transfers target."""
+    specs = []
+    for rec in config.receivers:
+        store = config.hosts[rec.host].storage.root
+        argv = (
+            _venv_bin(config, rec.host, "h3flow"), "receiver",
+            "--store", store,
+            "--bind", f"{rec.bind}:{rec.port}",
+            "--max-bytes", str(config.transfer.max_bytes),
+            *secret_args(config.transfer.secret),
+        )  # fmt: skip
+        specs.append(
+            ServiceSpec(
+                name=f"receiver-{rec.host}",
+                kind="receiver",
+                host=rec.host,
+                argv=argv,
+                env={"PYTHONUNBUFFERED": "1"},  # an env secret comes with the host's environment
+                cwd=store,
+                log=str(where(rec.host) / f"receiver-{rec.host}.log"),
+                pidfile=str(where(rec.host) / f"receiver-{rec.host}.pid"),
+                health=ReceiverHealth(rec.bind, rec.port),
+                binds=((rec.bind, rec.port),),
+            )
+        )
+    return specs
+
+
+def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """ComfyUI per pool when engine == "comfy".
+
+    TODO(issue 7): the ComfyUI helper owns how ComfyUI is launched
+    (``h3flow.comfy_env.ComfyInstall.command`` + ``ComfyServer.args``); this hook turns
+    that into one ServiceSpec per pool (the pool's env for device pinning, bound to
+    ``pool.comfy_port``, health ``HttpHealth(pool.comfy_url + "/system_stats")`` with a
+    JSON body) and start/stop/status need nothing else.
+    """
+    if config.engine != "comfy":
+        return []
+    raise H3FlowError("starting ComfyUI under `h3flow start` arrives with issue 7 (ComfyUI); use engine 'local'")
+
+
+def local_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
+    """Every service of the embedded default, in start order (stop goes in reverse)."""
+    where = service_dir(config)
+    per_host: Callable[[str], Path] = lambda _host: where  # noqa: E731 - one machine, one folder
+    return [
+        server_spec(config, where),
+        *comfy_specs(config, per_host),
+        *worker_specs(config, config_path, per_host),
+        *receiver_specs(config, per_host),
+    ]
+
+
+# --------------------------------------------------------------------------- process control
+@dataclass(frozen=True)
+class Proc:
+    """What a service's PID file says, checked against the live process table."""
+
+    pid: int | None  # from the PID file
+    running: bool  # that process is alive and runs the service's command line
+    started: float | None = None  # its start time, epoch seconds
+    stale: bool = False  # a PID file whose process is gone or is something else now
+
+
+class Runner(Protocol):
+    """Process control on one host. ``LocalRunner`` here; an SSH runner for issue 8."""
+
+    def inspect(self, spec: ServiceSpec) -> Proc: ...
+
+    def spawn(self, spec: ServiceSpec) -> Proc: ...
+
+    def stop(self, spec: ServiceSpec, pid: int) -> bool:
+        """SIGTERM the service's process tree, SIGKILL after ``spec.stop_grace``; True if it had to SIGKILL."""
+        ...
+
+    def forget(self, spec: ServiceSpec) -> None: ...
+
+    def port_free(self, address: str, port: int) -> bool: ...
+
+    def tail(self, spec: ServiceSpec, lines: int = 12) -> list[str]: ...
+
+    def ensure_secret(self, secret: SecretSource) -> None: ...
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]; None when gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw.rsplit(")", 1)[1].split()
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Live (non-zombie) processes: pid -> (ppid, pgid)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and fields[0] not in ("Z", "X"):
+                table[int(entry)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _tree_groups(pid: int, table: dict[int, tuple[int, int]]) -> set[int]:
+    """The process groups of ``pid`` and all its descendants.
+
+    A Prefect process worker starts each flow run in a session of its own, so the
+    worker's group alone would leave its flow runs behind as orphans.
+    """
+    groups, todo, seen = {pid}, [pid], {pid}
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, pgid) in table.items():
+            if ppid == parent and child not in seen:
+                seen.add(child)
+                groups.add(pgid)
+                todo.append(child)
+    return groups
+
+
+class LocalRunner:
+    """Runs services on this machine: ``subprocess`` in a new session, ``/proc`` to inspect."""
+
+    poll = 0.1
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._boot = _boot_time()
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    # -- inspect
+    def inspect(self, spec: ServiceSpec) -> Proc:
+        pid = self._read_pid(spec)
+        if pid is None:
+            return Proc(None, False, stale=Path(spec.pidfile).exists())
+        if not self._alive(pid):
+            return Proc(pid, False, stale=True)
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            return Proc(pid, False, stale=True)
+        # a script's shebang puts the interpreter first: compare the tail
+        want = [arg.encode() for arg in spec.argv]
+        if cmdline[-len(want) :] != want:
+            return Proc(pid, False, stale=True)
+        fields = _stat_fields(pid)
+        started = self._boot + int(fields[19]) / self._hz if fields else None
+        return Proc(pid, True, started)
+
+    def _read_pid(self, spec: ServiceSpec) -> int | None:
+        try:
+            text = Path(spec.pidfile).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def _alive(self, pid: int) -> bool:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:  # reap our own children
+            del self._children[pid]
+            return False
+        fields = _stat_fields(pid)
+        return fields is not None and fields[0] not in ("Z", "X")
+
+    # -- control
+    def spawn(self, spec: ServiceSpec) -> Proc:
+        for path in (spec.log, spec.pidfile):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(spec.cwd).mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(spec.env)
+        started = time.time()
+        with open(spec.log, "ab") as log:
+            log.write(f"\n=== h3flow: starting {spec.name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+            log.flush()
+            try:
+                child = subprocess.Popen(
+                    list(spec.argv),
+                    cwd=spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise H3FlowError(f"cannot start {spec.name}: {spec.argv[0]}: {exc.strerror or exc}") from None
+        self._children[child.pid] = child
+        atomic_write_text(spec.pidfile, f"{child.pid}\n")
+        return Proc(child.pid, True, started)
+
+    def stop(self, spec: ServiceSpec, pid: int) -> bool:
+        groups = _tree_groups(pid, _process_table())
+        self._signal(groups, signal.SIGTERM)
+        killed = not self._wait_gone(pid, groups, spec.stop_grace)
+        if killed:
+            self._signal(groups, signal.SIGKILL)
+            if not self._wait_gone(pid, groups, 10.0):
+                raise H3FlowError(f"{spec.name} (pid {pid}) survived SIGKILL")
+        self.forget(spec)
+        return killed
+
+    def _signal(self, groups: set[int], sig: signal.Signals) -> None:
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+
+    def _wait_gone(self, pid: int, groups: set[int], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._alive(pid)  # reaps it if it is our child
+            if not any(pgid in groups for _ppid, pgid in _process_table().values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll)
+
+    def forget(self, spec: ServiceSpec) -> None:
+        Path(spec.pidfile).unlink(missing_ok=True)
+
+    # -- environment
+    def port_free(self, address: str, port: int) -> bool:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address, port))
+            except OSError:
+                return False
+        return True
+
+    def tail(self, spec: ServiceSpec, lines: int = 12) -> list[str]:
+        try:
+            with open(spec.log, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 16384))
+                text = handle.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip()][-lines:]
+
+    def ensure_secret(self, secret: SecretSource) -> None:
+        from h3flow.secret import ensure_secret_file
+
+        if secret.source == "file":
+            ensure_secret_file(Path(str(secret.path)))

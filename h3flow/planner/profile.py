@@ -1,0 +1,184 @@
+"""The stage-time profile: how long each stage of one clip takes on each kind of GPU.
+
+The operator edits a TOML file (default: ``h3flow/data/profile-default.toml``, whose
+comments derive every number from the design's measurements). Times are for a clip of
+``clip_seconds`` seconds; longer or shorter clips scale with their latent frame count.
+
+Sampling times for Ulysses degrees that the file does not list come from Amdahl's law,
+``S(d) = S1 * (f + (1 - f) / d)``: the serial fraction ``f`` is fitted from two listed
+degrees of the same GPU model (any spec), else taken from ``[scaling] serial_fraction``.
+Every looked-up number says whether it was listed or modelled, so reports can flag
+conclusions that rest on modelled points.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from h3flow.batch import format_validation_error
+from h3flow.errors import ConfigError
+from h3flow.specs import frames_for_seconds, latent_frames
+
+DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "data" / "profile-default.toml"
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PerSpec = dict[str, Seconds]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuTimes(_Strict):
+    """Stage times on one GPU model: per spec; sampling also per Ulysses degree."""
+
+    encode: PerSpec = Field(default_factory=dict)
+    offload: PerSpec = Field(default_factory=dict)
+    sample: dict[str, dict[Annotated[int, Field(ge=1, le=64)], Seconds]] = Field(default_factory=dict)
+    decode: PerSpec = Field(default_factory=dict)
+    mux: PerSpec = Field(default_factory=dict)
+
+
+class Encoder(_Strict):
+    vram_gb: Annotated[float, Field(ge=0)] = Field(description="VRAM a pool needs to hold the text encoder")
+
+
+class Scaling(_Strict):
+    model: Literal["amdahl"] = "amdahl"
+    serial_fraction: Annotated[float, Field(ge=0, le=1)] = 0.2
+
+
+class Transfer(_Strict):
+    overhead_s: Seconds = Field(description="per-latent fixed cost: connect, hash on both ends, fsync")
+
+
+class ProfileFile(_Strict):
+    version: Literal[1] = 1
+    clip_seconds: Seconds = 5.0
+    encoder: Encoder
+    scaling: Scaling = Scaling()
+    latent_mb: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    handoff: PerSpec
+    transfer: Transfer
+    gpu: dict[str, GpuTimes]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A stage time and where it came from."""
+
+    seconds: float
+    modelled: str | None = None  # None when listed in the profile, else how it was derived
+
+
+class Profile:
+    """Stage-time lookups over a validated profile file."""
+
+    def __init__(self, data: ProfileFile, source: str = "profile") -> None:
+        self.data = data
+        self.source = source
+        self._ref_latent = latent_frames(frames_for_seconds(data.clip_seconds))
+
+    # ------------------------------------------------------------------ helpers
+    def _missing(self, key: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.source}: no entry {key} (needed for {why}); add it to the profile")
+
+    def _gpu(self, model: str, why: str) -> GpuTimes:
+        try:
+            return self.data.gpu[model]
+        except KeyError:
+            raise self._missing(f"[gpu.{_key(model)}]", why) from None
+
+    def _per_spec(self, model: str, stage: str, spec: str, why: str) -> float:
+        table: dict[str, float] = getattr(self._gpu(model, why), stage)
+        if spec not in table:
+            raise self._missing(f"gpu.{_key(model)}.{stage}.{spec}", why)
+        return table[spec]
+
+    def length_factor(self, frames: int) -> float:
+        """How much longer than the profile's reference clip a clip of ``frames`` is."""
+        return latent_frames(frames) / self._ref_latent
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def encoder_vram_gb(self) -> float:
+        return self.data.encoder.vram_gb
+
+    def encode(self, model: str, spec: str, why: str) -> float:
+        return self._per_spec(model, "encode", spec, why)
+
+    def offload(self, model: str, spec: str, why: str) -> float:
+        return self._per_spec(model, "offload", spec, why)
+
+    def decode(self, model: str, spec: str, why: str) -> float:
+        return self._per_spec(model, "decode", spec, why)
+
+    def mux(self, model: str, spec: str, why: str) -> float:
+        return self._per_spec(model, "mux", spec, why)
+
+    def handoff(self, spec: str, why: str) -> float:
+        if spec not in self.data.handoff:
+            raise self._missing(f"handoff.{spec}", why)
+        return self.data.handoff[spec]
+
+    def transfer(self, spec: str, gbit_s: float, why: str) -> float:
+        """Fixed overhead plus the latent's bytes over the link's bandwidth."""
+        if spec not in self.data.latent_mb:
+            raise self._missing(f"latent_mb.{spec}", why)
+        return self.data.transfer.overhead_s + self.data.latent_mb[spec] * 8e-3 / gbit_s
+
+    def serial_fraction(self, model: str) -> tuple[float, str]:
+        """Amdahl's serial fraction for a GPU model: fitted from two listed degrees, else the default."""
+        for spec, points in sorted(self._gpu(model, "scaling").sample.items()):
+            if len(points) >= 2:
+                (d1, s1), (d2, s2) = sorted(points.items())[:2]
+                # s1 = T1 (f + (1-f)/d1), s2 = T1 (f + (1-f)/d2) -> f
+                r = s1 / s2
+                f = (1 / d1 - r / d2) / ((r - 1) + (1 / d1 - r / d2))
+                if 0 <= f <= 1:
+                    return f, f"serial fraction {f:.3f} fitted from {model} {spec} degrees {d1} and {d2}"
+        f = self.data.scaling.serial_fraction
+        return f, f"default serial fraction {f:.3f}"
+
+    def sample(self, model: str, degree: int, spec: str, why: str) -> Lookup:
+        points = self._gpu(model, why).sample.get(spec)
+        if not points:
+            raise self._missing(f"gpu.{_key(model)}.sample.{spec}", why)
+        if degree in points:
+            return Lookup(points[degree])
+        f, how = self.serial_fraction(model)
+        near = min(points, key=lambda d: (abs(math.log(d / degree)), d))
+        amdahl = (f + (1 - f) / degree) / (f + (1 - f) / near)
+        return Lookup(points[near] * amdahl, f"Amdahl from degree {near} ({how})")
+
+
+def _key(name: str) -> str:
+    return name if all(c.isalnum() or c in "-_" for c in name) else f'"{name}"'
+
+
+def parse_profile(raw: object, source: str = "profile") -> Profile:
+    try:
+        data = ProfileFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+    return Profile(data, source)
+
+
+def load_profile(path: Path | None = None) -> Profile:
+    """Read and validate a profile TOML file (the shipped default when ``path`` is None)."""
+    path = Path(path) if path is not None else DEFAULT_PROFILE
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_profile(raw, str(path))

@@ -1,0 +1,115 @@
+"""Stage durations of a clip on a topology's resources, from a profile (plus live measurements)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from h3flow.planner.profile import Profile
+from h3flow.planner.resources import Decoder, Link, Resources, SamplerPool
+
+Measured = Mapping[tuple[str, str, str], float]
+"""Live overrides: (resource name, stage, spec) -> seconds for a profile-length clip."""
+
+
+class ClipLike(Protocol):
+    """What the planner needs of a clip (``h3flow.batch.Clip`` has it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def spec(self) -> str: ...
+    @property
+    def frames(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerTimes:
+    """A clip's sampler-side stages: encode + offload on the encoder pool, then sample + handoff."""
+
+    encode: float
+    offload: float
+    sample: float
+    handoff: float
+
+    @property
+    def total(self) -> float:
+        return self.encode + self.offload + self.sample + self.handoff
+
+
+class Planner:
+    """A profile applied to one topology's resources: the durations every policy and bound uses."""
+
+    def __init__(self, profile: Profile, resources: Resources) -> None:
+        self.profile = profile
+        self.resources = resources
+        self.modelled: dict[str, str] = {}  # "T10 x2 sd sample" -> how it was derived
+        self._sampler: dict[tuple[str, int, str], SamplerTimes] = {}
+        self._transfer: dict[tuple[str, int, str], float] = {}
+        self._decoder: dict[tuple[str, int, str], tuple[float, float]] = {}
+
+    # ------------------------------------------------------------------ durations
+    def sampler_times(self, clip: ClipLike, pool: SamplerPool, measured: Measured | None = None) -> SamplerTimes:
+        key = (clip.spec, clip.frames, pool.name)
+        if not measured and key in self._sampler:
+            return self._sampler[key]
+        p, spec = self.profile, clip.spec
+        encoder = self.resources.pool(pool.encoder)
+        why = f"pool {pool.name} ({pool.degree}×{pool.gpu_model}), spec {spec}"
+        scale = p.length_factor(clip.frames)
+        looked = p.sample(pool.gpu_model, pool.degree, spec, why)
+        if looked.modelled:
+            self.modelled[f"{pool.gpu_model} ×{pool.degree} {spec} sample"] = f"{looked.seconds:.1f} s: {looked.modelled}"
+        times = SamplerTimes(
+            encode=_m(measured, encoder.name, "encode", spec, p.encode(encoder.gpu_model, spec, why)),
+            offload=_m(measured, encoder.name, "offload", spec, p.offload(encoder.gpu_model, spec, why)),
+            sample=_m(measured, pool.name, "sample", spec, looked.seconds) * scale,
+            handoff=_m(measured, pool.name, "handoff", spec, p.handoff(spec, why)) * scale,
+        )
+        if not measured:
+            self._sampler[key] = times
+        return times
+
+    def transfer_time(self, clip: ClipLike, link: Link, measured: Measured | None = None) -> float:
+        key = (clip.spec, clip.frames, link.name)
+        if not measured and key in self._transfer:
+            return self._transfer[key]
+        base = self.profile.transfer(clip.spec, link.gbit_s, f"{link.label}, spec {clip.spec}")
+        seconds = _m(measured, link.name, "transfer", clip.spec, base) * self.profile.length_factor(clip.frames)
+        if not measured:
+            self._transfer[key] = seconds
+        return seconds
+
+    def decoder_times(self, clip: ClipLike, decoder: Decoder, measured: Measured | None = None) -> tuple[float, float]:
+        """(decode, mux) seconds on ``decoder``."""
+        key = (clip.spec, clip.frames, decoder.name)
+        if not measured and key in self._decoder:
+            return self._decoder[key]
+        p, spec = self.profile, clip.spec
+        why = f"decoder {decoder.label}, spec {spec}"
+        scale = p.length_factor(clip.frames)
+        times = (
+            _m(measured, decoder.name, "decode", spec, p.decode(decoder.gpu_model, spec, why)) * scale,
+            _m(measured, decoder.name, "mux", spec, p.mux(decoder.gpu_model, spec, why)) * scale,
+        )
+        if not measured:
+            self._decoder[key] = times
+        return times
+
+    def check(self, clips: list[ClipLike]) -> None:
+        """Look every needed duration up once, so a missing profile entry fails before simulating."""
+        kinds = {(c.spec, c.frames): c for c in clips}
+        for clip in kinds.values():
+            for pool in self.resources.samplers:
+                self.sampler_times(clip, pool)
+            for link in self.resources.links:
+                self.transfer_time(clip, link)
+            for decoder in self.resources.decoders:
+                self.decoder_times(clip, decoder)
+
+
+def _m(measured: Measured | None, resource: str, stage: str, spec: str, default: float) -> float:
+    if measured:
+        return measured.get((resource, stage, spec), default)
+    return default

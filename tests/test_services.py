@@ -1,0 +1,378 @@
+"""The service supervisor: `h3flow start / stop --local` and `status --services`.
+
+Real processes throughout: a real Prefect server and real workers on loopback, the
+real latent receiver, real signals and PID files. The cluster is started once per
+module (the server takes ~6-15 s to become healthy) and the tests run against it in
+order: up -> status -> no-op start -> a worker SIGKILLed -> a stale PID file -> down.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from h3flow.adapt import adapt, local_host_map
+from h3flow.cli import app
+from h3flow.config import LocalConfig, load_host_map, load_local_config
+from h3flow.errors import H3FlowError
+from h3flow.fsutil import atomic_write_json
+from h3flow.ops.lifecycle import (
+    ServiceState,
+    bring_up,
+    print_service_status,
+    service_status,
+    start_services,
+    stop_services,
+)
+from h3flow.ops.services import (
+    HttpHealth,
+    LocalRunner,
+    ReceiverHealth,
+    ServiceSpec,
+    WorkerHealth,
+    check_health,
+    local_specs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
+cli = CliRunner()
+quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115 - lives for the module
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def embedded(tmp: Path) -> tuple[LocalConfig, Path]:
+    """`config-adapt --local` into ``tmp`` on a random high port block."""
+    config = adapt(local_host_map(tmp / "wd", random.randint(20000, 60000)), work_dir=str((tmp / "wd").resolve()))
+    path = tmp / "local.json"
+    atomic_write_json(path, config.model_dump(mode="json"))
+    return load_local_config(path), path
+
+
+def spec(tmp: Path, name: str, code: str, health=None, grace: float = 5.0) -> ServiceSpec:
+    """A small Python service for the runner's own tests."""
+    return ServiceSpec(
+        name=name,
+        kind="receiver",
+        host="here",
+        argv=(sys.executable, "-c", code),
+        env={},
+        cwd=str(tmp),
+        log=str(tmp / f"{name}.log"),
+        pidfile=str(tmp / f"{name}.pid"),
+        health=health or ReceiverHealth("127.0.0.1", 1),
+        stop_grace=grace,
+    )
+
+
+# --------------------------------------------------------------------------- no server needed
+def test_start_and_stop_without_local_say_remote_is_issue_8() -> None:
+    for command in ("start", "stop"):
+        result = cli.invoke(app, [command])
+        assert result.exit_code == 2
+        assert f"remote {command} arrives with issue 8 (remote ops)" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_start_local_needs_an_embedded_default_config(tmp_path: Path) -> None:
+    config = adapt(load_host_map(ROOT / "examples" / "host-map.example.json"))
+    path = tmp_path / "local.json"
+    atomic_write_json(path, config.model_dump(mode="json"))
+    result = cli.invoke(app, ["start", "--local", "--config", str(path)])
+    assert result.exit_code == 2 and "no work_dir" in result.output and "config-adapt --local" in result.output
+    missing = cli.invoke(app, ["stop", "--local", "--config", str(tmp_path / "nope.json")])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+
+
+def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
+    config, path = embedded(tmp_path)
+    specs = {s.name: s for s in local_specs(config, path)}
+    assert list(specs) == [
+        "prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control", "receiver-host-b",
+    ]  # fmt: skip
+    wd = Path(config.work_dir or "")
+    port = int(config.prefect.api_url.split(":")[-1].split("/")[0])
+    server = specs["prefect-server"]
+    assert server.argv[1:] == ("server", "start", "--host", "127.0.0.1", "--port", str(port))
+    assert "--background" not in server.argv
+    assert server.env["PREFECT_HOME"] == str(wd / "prefect")
+    assert server.env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert server.binds == (("127.0.0.1", port),)
+    assert server.health == HttpHealth(f"http://127.0.0.1:{port}/api/health")
+    a1 = specs["worker-h3-a1"]
+    assert a1.argv[1:] == ("worker", "start", "--pool", "h3-a1", "--type", "process", "--name", "h3-a1-worker")
+    assert a1.env["CUDA_VISIBLE_DEVICES"] == "" and a1.env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
+    assert a1.env["H3FLOW_CONFIG"] == str(path.resolve()) and a1.env["PREFECT_API_URL"] == config.prefect.api_url
+    assert a1.health == WorkerHealth(config.prefect.api_url, "h3-a1", "h3-a1-worker")
+    receiver = specs["receiver-host-b"]
+    (rec,) = config.receivers
+    assert receiver.argv[1:] == (
+        "receiver", "--store", str(wd / "store" / "host-b"), "--bind", f"127.0.0.1:{rec.port}",
+        "--max-bytes", str(config.transfer.max_bytes), "--secret-file", str(wd / "secrets" / "transfer.key"),
+    )  # fmt: skip
+    for s in specs.values():
+        assert Path(s.log).parent == wd / "services" and s.pidfile == s.log.removesuffix(".log") + ".pid"
+
+
+def test_a_port_taken_by_something_else_is_a_one_line_error(tmp_path: Path) -> None:
+    config, path = embedded(tmp_path)
+    port = int(config.prefect.api_url.split(":")[-1].split("/")[0])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(H3FlowError) as err:
+            start_services(config, path, deploy=None, console=quiet)
+    assert f"port {port} on 127.0.0.1 is in use by another process" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert not list((Path(config.work_dir or "") / "services").glob("*.pid"))  # nothing was started
+
+
+def test_a_service_that_dies_at_start_up_shows_its_log(tmp_path: Path) -> None:
+    runner = LocalRunner()
+    dying = spec(tmp_path, "dying", "import sys; print('cannot open the store: disk full'); sys.exit(3)")
+    with pytest.raises(H3FlowError) as err:
+        bring_up([dying], lambda _h: runner, timeout=10, console=quiet)
+    message = str(err.value)
+    assert "dying exited while starting" in message and "cannot open the store: disk full" in message
+    assert not Path(dying.pidfile).exists()
+
+
+def test_a_service_never_healthy_is_stopped_and_its_log_shown(tmp_path: Path) -> None:
+    runner = LocalRunner()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    stuck = spec(
+        tmp_path, "stuck", "import time; print('warming up', flush=True); time.sleep(600)",
+        health=ReceiverHealth("127.0.0.1", closed_port),
+    )  # fmt: skip
+    with pytest.raises(H3FlowError) as err:
+        bring_up([stuck], lambda _h: runner, timeout=1.5, console=quiet)
+    assert "stuck not healthy after 2 s" in str(err.value) and "warming up" in str(err.value)
+    assert not Path(stuck.pidfile).exists()
+    assert not _pids_running(stuck.argv[-1])  # stopped, not left half-started
+
+
+def _pids_running(arg: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            try:
+                if arg.encode() in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0"):
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def test_stop_ends_the_whole_process_tree_and_sigkills_a_stubborn_one(tmp_path: Path) -> None:
+    runner = LocalRunner()
+    # like a Prefect worker's flow run: a child in a session of its own
+    code = "import subprocess, time; subprocess.Popen(['sleep', '600'], start_new_session=True); time.sleep(600)"
+    family = spec(tmp_path, "family", code)
+    proc = runner.spawn(family)
+    assert proc.pid is not None
+    wait_until(lambda: any(_children_of(proc.pid)), what="the grandchild")
+    (grandchild,) = _children_of(proc.pid)
+    assert runner.stop(family, proc.pid) is False  # SIGTERM was enough
+    assert not alive(proc.pid) and not alive(grandchild) and not Path(family.pidfile).exists()
+
+    stubborn = spec(
+        tmp_path, "stubborn",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)",
+        grace=0.5,
+    )  # fmt: skip
+    proc = runner.spawn(stubborn)
+    wait_until(lambda: "ready" in " ".join(runner.tail(stubborn)), what="the handler")
+    assert runner.stop(stubborn, proc.pid or 0) is True  # needed SIGKILL
+    assert not alive(proc.pid or 0)
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            if fields[1] == str(pid) and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def test_a_stale_pid_file_is_not_mistaken_for_the_service(tmp_path: Path) -> None:
+    runner = LocalRunner()
+    svc = spec(tmp_path, "svc", "import time; time.sleep(600)")
+    Path(svc.pidfile).write_text(f"{os.getpid()}\n")  # alive, but not this service's command line
+    assert runner.inspect(svc).running is False and runner.inspect(svc).stale is True
+    Path(svc.pidfile).write_text("not a pid\n")
+    assert runner.inspect(svc).stale is True
+
+
+# --------------------------------------------------------------------------- the embedded default, live
+class Cluster:
+    def __init__(self, config: LocalConfig, path: Path, states: list[ServiceState], deploys: list[bool]) -> None:
+        self.config, self.path, self.states, self.deploys = config, path, states, deploys
+
+    def pids(self) -> dict[str, int]:
+        return {s.spec.name: int(Path(s.spec.pidfile).read_text()) for s in self.states}
+
+    def spec(self, name: str) -> ServiceSpec:
+        return next(s.spec for s in self.states if s.spec.name == name)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    config, path = embedded(tmp_path_factory.mktemp("services"))
+    deploys: list[bool] = []
+
+    def deploy(cfg: LocalConfig, cfg_path: Path) -> None:  # stands in for deploy_all: records the order
+        deploys.append(check_health(HttpHealth(cfg.prefect.api_url + "/health"))[0])
+
+    try:
+        states = start_services(config, path, deploy=deploy, console=quiet)
+        yield Cluster(config, path, states, deploys)
+    finally:
+        stop_services(config, path, console=quiet)
+
+
+@pytest.mark.prefect
+def test_start_local_brings_up_server_workers_and_receiver(cluster: Cluster) -> None:
+    assert {s.spec.name: (s.action, s.healthy) for s in cluster.states} == {
+        name: ("started", True)
+        for name in ("prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control", "receiver-host-b")
+    }
+    assert cluster.deploys == [True]  # deploy ran once, after the server was healthy
+    for name, pid in cluster.pids().items():
+        assert alive(pid), name
+        assert os.getpgid(pid) == pid and os.getsid(pid) == pid, f"{name} is not its own session"
+    for pool in ("h3-a0", "h3-a1", "h3-b", "h3-control"):
+        ok, detail = check_health(WorkerHealth(cluster.config.prefect.api_url, pool, f"{pool}-worker"))
+        assert ok, detail
+    (rec,) = cluster.config.receivers
+    assert check_health(ReceiverHealth(rec.bind, rec.port)) == (True, f"receiver answers ping at 127.0.0.1:{rec.port}")
+    key = Path(cluster.config.transfer.secret.path or "")
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text().strip()) == 64
+    environ = Path(f"/proc/{cluster.pids()['worker-h3-a0']}/environ").read_bytes().split(b"\0")
+    assert b"H3FLOW_CONFIG=" + str(cluster.path.resolve()).encode() in environ
+    assert b"PREFECT_HOME=" + str(Path(cluster.config.work_dir or "") / "prefect").encode() in environ
+
+
+@pytest.mark.prefect
+def test_status_lists_every_service_running_and_healthy(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    states = service_status(cluster.config, cluster.path)
+    pids = cluster.pids()
+    assert {s.spec.name: (s.proc.running, s.proc.pid, s.healthy) for s in states} == {
+        name: (True, pid, True) for name, pid in pids.items()
+    }
+    assert all(s.uptime is not None and 0 < s.uptime < 600 for s in states)
+    print_service_status(cluster.path, console=Console(width=200, highlight=False))
+    out = capsys.readouterr().out
+    for name, pid in pids.items():
+        line = next(line for line in out.splitlines() if name in line)
+        assert "running" in line and str(pid) in line and "✓" in line
+
+
+@pytest.mark.prefect
+def test_a_second_start_is_a_no_op(cluster: Cluster) -> None:
+    before = cluster.pids()
+    result = subprocess.run(
+        [H3FLOW, "start", "--local", "--config", str(cluster.path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert cluster.pids() == before
+    assert result.stdout.count("running, pid") == len(before)
+    assert "started" not in result.stdout and "deployments" not in result.stdout
+
+
+@pytest.mark.prefect
+def test_a_sigkilled_worker_is_reported_stopped_and_restarted_by_start(cluster: Cluster) -> None:
+    before = cluster.pids()
+    victim = before["worker-h3-a0"]
+    os.killpg(victim, signal.SIGKILL)
+    wait_until(lambda: not alive(victim), what="the worker to die")
+    states = {s.spec.name: s for s in service_status(cluster.config, cluster.path)}
+    assert states["worker-h3-a0"].proc.running is False and "stale PID file" in states["worker-h3-a0"].detail
+    assert all(s.proc.running for name, s in states.items() if name != "worker-h3-a0")
+
+    again = {s.spec.name: s for s in start_services(cluster.config, cluster.path, deploy=None, console=quiet)}
+    assert again["worker-h3-a0"].action == "restarted" and again["worker-h3-a0"].healthy is True
+    assert "ONLINE on h3-a0" in again["worker-h3-a0"].detail
+    after = cluster.pids()
+    assert after["worker-h3-a0"] != victim and alive(after["worker-h3-a0"])
+    assert {k: v for k, v in after.items() if k != "worker-h3-a0"} == {
+        k: v for k, v in before.items() if k != "worker-h3-a0"
+    }
+    assert {s.action for name, s in again.items() if name != "worker-h3-a0"} == {"running"}
+
+
+@pytest.mark.prefect
+def test_a_stale_pid_file_is_replaced_on_start(cluster: Cluster) -> None:
+    receiver = cluster.spec("receiver-host-b")
+    old = cluster.pids()["receiver-host-b"]
+    os.killpg(old, signal.SIGTERM)  # it dies behind h3flow's back, leaving its PID file
+    wait_until(lambda: not alive(old), what="the receiver to exit")
+    Path(receiver.pidfile).write_text(f"{os.getpid()}\n")  # and the PID now belongs to someone else
+    (rec,) = cluster.config.receivers
+    wait_until(lambda: bindable(rec.port), what="the receiver's port to be free")
+    states = {s.spec.name: s for s in start_services(cluster.config, cluster.path, deploy=None, console=quiet)}
+    assert states["receiver-host-b"].action == "restarted" and states["receiver-host-b"].healthy is True
+    new = cluster.pids()["receiver-host-b"]
+    assert new not in (old, os.getpid()) and alive(new)
+    assert alive(os.getpid())  # (the process the stale file named was not signalled)
+
+
+@pytest.mark.prefect
+def test_stop_stops_everything_and_frees_the_ports(cluster: Cluster) -> None:
+    pids = cluster.pids()
+    result = subprocess.run(
+        [H3FLOW, "stop", "--local", "--config", str(cluster.path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("stopped (pid") == len(pids)
+    assert not any(alive(pid) for pid in pids.values())
+    assert not any(Path(s.spec.pidfile).exists() for s in cluster.states)
+    port = int(cluster.config.prefect.api_url.split(":")[-1].split("/")[0])
+    (rec,) = cluster.config.receivers
+    assert bindable(port) and bindable(rec.port)
+    assert {s.proc.running for s in service_status(cluster.config, cluster.path)} == {False}
+    again = cli.invoke(app, ["stop", "--local", "--config", str(cluster.path)])
+    assert again.exit_code == 0 and again.output.count("not running") == len(pids)
