@@ -79,11 +79,28 @@ def config_adapt(
 
 
 # --------------------------------------------------------------------------- plan (issue 3)
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command()
 @operator_command
-def plan() -> None:
+def plan(
+    spec: Annotated[Optional[str], typer.Option(help="Plan --clips clips of this spec: sd | hd (default sd).")] = None,
+    batch: Annotated[Optional[Path], typer.Option(help="Plan the clips of this batch file instead.")] = None,
+    clips: Annotated[Optional[int], typer.Option(help="How many clips of --spec (default 6, the design's).")] = None,
+    topology: Annotated[str, typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition.")] = "all",
+    profile: Annotated[Optional[Path], typer.Option(help="Stage-time profile TOML (default: the shipped one).")] = None,
+    threshold: Annotated[float, typer.Option(help="Extra hardware must add at least this share of clips/h.")] = 0.15,
+    gantt: Annotated[Optional[Path], typer.Option(help="Write the recommended topology's Gantt chart here (PNG).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    host_map: Annotated[Optional[Path], typer.Option("--host-map", help="The hardware, as a host-map.json.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")] = None,
+    policy: Annotated[str, typer.Option(help="best | earliest-finish | design (the design's round-robin).")] = "best",
+) -> None:
     """Step 3: simulate topologies offline and recommend one (Gantt chart, lower bound)."""
-    not_built(3)
+    from h3flow.planner.command import run_plan
+
+    run_plan(
+        spec=spec, batch=batch, clips=clips, topology=topology, profile=profile, threshold=threshold,
+        gantt=gantt, as_json=json_out, host_map=host_map, config=config, policy=policy,
+    )
 
 
 # --------------------------------------------------------------------------- latents (issue 4)

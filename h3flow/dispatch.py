@@ -25,6 +25,7 @@ from h3flow.manifest import ClipRecord, Manifest, StageRecord, save_manifest
 AHEAD = 2  # in flight per pool: one running + one queued ahead
 MAX_ATTEMPTS = 4
 POLL = 0.5
+POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
 WORKER_STALE_S = 20.0
 DECODER_GONE_S = 60.0
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
@@ -84,6 +85,7 @@ class Dispatcher:
         self.state = LiveState()
         self.retransfer: set[str] = set()
         self.decoder_lost_since: float | None = None
+        self.pools_checked = 0.0
 
     # ------------------------------------------------------------------ bookkeeping
     def save(self) -> None:
@@ -102,7 +104,7 @@ class Dispatcher:
     def run(self) -> Manifest:
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or time.time()
-        reconcile(self.config, self.manifest)
+        self.retransfer |= reconcile(self.config, self.manifest)
         self.save()
         while True:
             changed = self.poll_children()
@@ -237,6 +239,9 @@ class Dispatcher:
 
     def check_pools(self) -> bool:
         """A pool whose worker stopped heart-beating is gone: re-route what it held."""
+        if time.monotonic() - self.pools_checked < POOL_CHECK_S:
+            return False
+        self.pools_checked = time.monotonic()
         changed = False
         for pool in self.config.pools:
             alive = self.api.worker_alive(pool.work_pool)
@@ -276,13 +281,16 @@ def latent_on_decoder(config: LocalConfig, decoder: str, sha: str) -> bool:
     return path.exists() and sha256_file(path) == sha
 
 
-def reconcile(config: LocalConfig, manifest: Manifest) -> None:
+def reconcile(config: LocalConfig, manifest: Manifest) -> set[str]:
     """Trust the files, not the record: what is delivered, what is sampled, what is left.
 
     A delivered clip keeps its state only if its MP4 still hashes right; a clip whose
     latent is verified in the decoder's store needs only decoding; the rest sample again
-    (where Prefect's cache makes the finished stages free).
+    (where Prefect's cache makes the finished stages free). Returns the clips whose
+    latent had reached the decoder but is now missing or damaged there: they are sent
+    again, never decoded from the damaged copy.
     """
+    resend: set[str] = set()
     for rec in manifest.clips.values():
         if rec.state == "delivered" and rec.output and Path(rec.output).exists():
             if sha256_file(rec.output) == rec.output_sha256:
@@ -290,7 +298,10 @@ def reconcile(config: LocalConfig, manifest: Manifest) -> None:
         if rec.latent_sha256 and rec.decoder and latent_on_decoder(config, rec.decoder, rec.latent_sha256):
             rec.state = "sampled"
         elif rec.state != "failed":
+            if rec.latent_sha256:
+                resend.add(rec.clip.id)
             rec.state = "pending"
+    return resend
 
 
 class PrefectApi:

@@ -147,7 +147,7 @@ def print_status(manifest: Manifest) -> None:
             got = rec.stages.get(stage)
             if got is None or got.seconds is None:
                 return "·"
-            return f"{got.seconds:.1f}s" + (" (cached)" if got.cached else "")
+            return "cached" if got.cached else f"{got.seconds:.1f}s"
 
         style = STATE_STYLE[rec.state]
         table.add_row(

@@ -49,6 +49,7 @@ from h3flow.ops.services import (
 ROOT = Path(__file__).resolve().parents[1]
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
 cli = CliRunner()
+SERVICES = ("prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control", "receiver-host-b")
 quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115 - lives for the module
 
 
@@ -124,9 +125,7 @@ def test_start_local_needs_an_embedded_default_config(tmp_path: Path) -> None:
 def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     config, path = embedded(tmp_path)
     specs = {s.name: s for s in local_specs(config, path)}
-    assert list(specs) == [
-        "prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control", "receiver-host-b",
-    ]  # fmt: skip
+    assert tuple(specs) == SERVICES
     wd = Path(config.work_dir or "")
     port = int(config.prefect.api_url.split(":")[-1].split("/")[0])
     server = specs["prefect-server"]
@@ -216,7 +215,8 @@ def test_stop_ends_the_whole_process_tree_and_sigkills_a_stubborn_one(tmp_path: 
 
     stubborn = spec(
         tmp_path, "stubborn",
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+        "time.sleep(600)",
         grace=0.5,
     )  # fmt: skip
     proc = runner.spawn(stubborn)
@@ -277,8 +277,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.mark.prefect
 def test_start_local_brings_up_server_workers_and_receiver(cluster: Cluster) -> None:
     assert {s.spec.name: (s.action, s.healthy) for s in cluster.states} == {
-        name: ("started", True)
-        for name in ("prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control", "receiver-host-b")
+        name: ("started", True) for name in SERVICES
     }
     assert cluster.deploys == [True]  # deploy ran once, after the server was healthy
     for name, pid in cluster.pids().items():
@@ -288,7 +287,7 @@ def test_start_local_brings_up_server_workers_and_receiver(cluster: Cluster) -> 
         ok, detail = check_health(WorkerHealth(cluster.config.prefect.api_url, pool, f"{pool}-worker"))
         assert ok, detail
     (rec,) = cluster.config.receivers
-    assert check_health(ReceiverHealth(rec.bind, rec.port)) == (True, f"receiver answers ping at 127.0.0.1:{rec.port}")
+    assert check_health(ReceiverHealth(rec.bind, rec.port)) == (True, f"answers ping on 127.0.0.1:{rec.port}")
     key = Path(cluster.config.transfer.secret.path or "")
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text().strip()) == 64
     environ = Path(f"/proc/{cluster.pids()['worker-h3-a0']}/environ").read_bytes().split(b"\0")
@@ -335,7 +334,7 @@ def test_a_sigkilled_worker_is_reported_stopped_and_restarted_by_start(cluster: 
 
     again = {s.spec.name: s for s in start_services(cluster.config, cluster.path, deploy=None, console=quiet)}
     assert again["worker-h3-a0"].action == "restarted" and again["worker-h3-a0"].healthy is True
-    assert "ONLINE on h3-a0" in again["worker-h3-a0"].detail
+    assert "ONLINE, heartbeat" in again["worker-h3-a0"].detail
     after = cluster.pids()
     assert after["worker-h3-a0"] != victim and alive(after["worker-h3-a0"])
     assert {k: v for k, v in after.items() if k != "worker-h3-a0"} == {

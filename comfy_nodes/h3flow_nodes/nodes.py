@@ -16,7 +16,7 @@ import torch
 from h3flow.errors import H3FlowError
 from h3flow.specs import FPS, SPECS
 
-from . import common, multigpu
+from . import common
 
 CATEGORY = "h3flow"
 MINIMAX_CLIP_TYPES = ["minimax"]

@@ -38,7 +38,7 @@ log = logging.getLogger("h3flow.engines.comfy")
 def _logger() -> Any:
     """Prefect's run logger inside a flow/task (so progress shows in the UI), else ours."""
     try:
-        from prefect.context import TaskRunContext, FlowRunContext
+        from prefect.context import FlowRunContext, TaskRunContext
         from prefect.logging import get_run_logger
 
         if TaskRunContext.get() or FlowRunContext.get():

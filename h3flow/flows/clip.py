@@ -57,7 +57,7 @@ def file_ok(result: dict[str, Any]) -> bool:
 
 def run_stage(task: Any, results: Path, verify: Callable[[dict[str, Any]], bool] | None, **params: Any) -> dict[str, Any]:
     """Run a cached task; a cache hit whose file is gone or damaged is recomputed."""
-    configured = task.with_options(result_storage=results)
+    configured = task.with_options(result_storage=results, cache_policy=stages.host_cache(results))
     state = configured(**params, return_state=True)
     result = dict(state.result())
     cached = state.name == "Cached"
@@ -110,6 +110,7 @@ def sample_clip(
         results,
         None,
         latent=records["sample"],
+        clip_id=clip_.id,
         pool=pool,
         decoder=decoder,
         config_path=path,

@@ -124,10 +124,10 @@ def verify_store(store: Path, quarantine: bool) -> None:
     damaged = latents.verify(quarantine=quarantine)
     if damaged:
         table = Table(title=f"damaged objects in {store}", title_justify="left")
-        table.add_column("object")
-        table.add_column("problem")
+        table.add_column("object", overflow="fold")
+        table.add_column("problem", overflow="fold")
         for item in damaged:
-            table.add_row(str(item.path), item.problem)
+            table.add_row(item.path.name, item.problem)
         console.print(table)
         moved = f"; moved to {latents.root / 'latents-damaged'}" if quarantine else ""
         raise IntegrityError(f"{len(damaged)} of {total} objects in {store} are damaged{moved}")

@@ -14,6 +14,7 @@ ever unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import atomic_write_bytes, sha256_bytes
+from h3flow.fsutil import atomic_writer, sha256_bytes
 from h3flow.specs import AUDIO_CHANNELS, VIDEO_CHANNELS
 
 FORMAT = "h3latent"
@@ -47,6 +48,7 @@ DTYPES: dict[str, tuple[int, str]] = {
     "BOOL": (1, "bool"),
 }
 LATENT_DTYPES = {"F64", "F32", "F16", "BF16"}
+_SAFETENSORS_DTYPE = {getattr(torch, name): code for code, (_, name) in DTYPES.items() if hasattr(torch, name)}
 _MASK_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -84,16 +86,42 @@ def save_latent(path: Path, latent: H3Latent) -> str:
     for name, mask in latent.masks.items():
         if not _MASK_NAME.match(name):
             raise H3FlowError(f"invalid mask name {name!r} (letters, digits, '_' and '-' only)")
-        tensors[MASK_PREFIX + name] = mask.detach().to("cpu").contiguous().clone()
+        if not isinstance(mask, torch.Tensor) or mask.dtype not in _SAFETENSORS_DTYPE:
+            raise H3FlowError(f"mask {name!r} must be a tensor of a safetensors dtype")
+        tensors[MASK_PREFIX + name] = mask.detach().to("cpu").contiguous()
     tensors[VERSION_MARKER] = torch.zeros(0, dtype=torch.float32)
     meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     meta.setdefault("producer", _producer())
+    return _write_safetensors(path, tensors, meta)
 
-    from safetensors.torch import save
 
-    data = save(tensors, metadata=meta)
-    atomic_write_bytes(path, data)
-    return sha256_bytes(data)
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """Write the safetensors layout with a canonical header (sorted keys, fixed tensor
+    order), so equal latents give equal bytes and therefore the same SHA-256.
+
+    safetensors' own writer emits the metadata in hash-map order, which changes from one
+    process to the next; its reader is what loads these files.
+    """
+    names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))  # widest first: aligned
+    entries: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        size = tensors[name].numel() * tensors[name].element_size()
+        entries[name] = {"dtype": _SAFETENSORS_DTYPE[tensors[name].dtype], "shape": list(tensors[name].shape),
+                         "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps({"__metadata__": dict(sorted(meta.items())), **entries}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # tensor data starts 8-byte aligned, as safetensors does
+    digest = hashlib.sha256()
+    with atomic_writer(path, "wb") as handle:
+        for block in (struct.pack("<Q", len(header)), header):
+            digest.update(block)
+            handle.write(block)
+        for name in names:
+            block = tensors[name].reshape(-1).view(torch.uint8).numpy().data
+            digest.update(block)
+            handle.write(block)
+    return digest.hexdigest()
 
 
 def _as_cpu(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -101,8 +129,7 @@ def _as_cpu(name: str, tensor: torch.Tensor) -> torch.Tensor:
         raise H3FlowError(f"latent {name} must be a torch.Tensor, not {type(tensor).__name__}")
     if not tensor.is_floating_point():
         raise H3FlowError(f"latent {name} must be a floating-point tensor, not {tensor.dtype}")
-    # clone: safetensors refuses tensors that share storage (e.g. two views of one buffer)
-    return tensor.detach().to("cpu").contiguous().clone()
+    return tensor.detach().to("cpu").contiguous()
 
 
 def _torch_dtype_name(tensor: torch.Tensor) -> str:
@@ -213,7 +240,7 @@ def _validate(header: dict[str, Any], data_size: int, path: Path) -> dict[str, A
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise bad(f"tensor {name!r} must have exactly dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or len(shape) > 8 or not all(_is_count(d) for d in shape):
             raise bad(f"tensor {name!r} has an invalid shape {shape!r}")

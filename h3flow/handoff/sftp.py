@@ -1,10 +1,11 @@
-"""The ``sftp`` transfer: SSH to the host's alias with fabric, upload, verify remotely, rename.
+"""The ``sftp`` transfer: SSH to the host's alias with fabric, upload, verify remotely, link.
 
 For hosts where no receiver service runs. Host keys are always checked (paramiko's
 ``RejectPolicy`` against the ``known_hosts`` files the SSH config names; fabric itself
 would accept any key), the upload is pipelined (no round trip per 32 KiB write), and the
 object appears under its content address only after ``sha256sum`` on the remote host
-agrees with ours. Every remote path is passed through :func:`shlex.quote`.
+agrees with ours; it is hard-linked into place (a rename that never replaces an
+existing object). Every remote path is passed through :func:`shlex.quote`.
 """
 
 from __future__ import annotations
@@ -89,10 +90,14 @@ def _upload(conn: Connection, ref: FileRef, size: int, final: str, temp: str,
     with sftp:
         sftp.get_channel().settimeout(timeout)
         try:
-            if sftp.stat(final).st_size == size:
-                return None
+            present = sftp.stat(final).st_size
         except FileNotFoundError:
-            pass
+            present = None
+        if present == size:
+            return None
+        if present is not None:
+            raise H3FlowError(f"the store object {final} is {present} bytes, not {size}: damaged; "
+                              f"run `h3flow store verify --quarantine` on that host")
         finisher = conn.transport.open_session(timeout=timeout)
         finisher.settimeout(timeout)
         args = " ".join(shlex.quote(a) for a in (temp, final, ref.sha256))
@@ -171,9 +176,15 @@ def _connect(alias: str, ssh_config: Path | None, timeout: float, where: str) ->
 
 
 def _known_hosts_files(ssh_config: Any) -> list[Path]:
-    user = str(ssh_config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"))
-    system = str(ssh_config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts"))
-    return [Path(p).expanduser() for p in (user + " " + system).split() if p.lower() != "none"]
+    """The known_hosts files the SSH config names (OpenSSH's defaults otherwise)."""
+    files: list[Path] = []
+    for key, default in (("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),
+                         ("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")):
+        value = str(ssh_config.get(key, default))
+        whole = Path(value).expanduser()  # paramiko has stripped quotes: "/a b/known_hosts" is one file
+        names = [whole] if whole.is_file() else [Path(p).expanduser() for p in value.split() if p.lower() != "none"]
+        files.extend(names)
+    return files
 
 
 def _remote_root(store_root: Path) -> str:

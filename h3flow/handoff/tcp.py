@@ -28,11 +28,13 @@ supervisor's health probe (:func:`probe`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import logging
 import os
+import queue
 import socket
 import socketserver
 import struct
@@ -54,10 +56,13 @@ PROTO = "h3flow-latent/1"
 MAX_FRAME = 64 * 1024
 DEFAULT_MAX_BYTES = 1 << 30  # an HD latent is ~13 MB; anything near 1 GiB is a mistake
 HEADROOM = 16 << 20  # keep this much free on the store's filesystem
+_BUFFERS = 6  # receive buffers of CHUNK bytes in flight between the receiving and hashing threads
+_WRITEBACK = 4 << 20  # start the disk writeback every this many bytes
 _CLIENT_TAG = b"h3flow-latent/1 client\0"
 _SERVER_TAG = b"h3flow-latent/1 server\0"
 
 log = logging.getLogger("h3flow.receiver")
+_sync_file_range: Any = None  # libc's, loaded on first use (False where unavailable)
 
 
 class CorruptedInFlight(IntegrityError, TransientError):
@@ -105,6 +110,11 @@ def _recv_exact(sock: socket.socket, count: int) -> bytes:
 
 def _mac(secret: bytes, tag: bytes, first: bytes, second: bytes) -> str:
     return hmac.new(secret, tag + first + second, hashlib.sha256).hexdigest()
+
+
+def _mac_matches(claimed: Any, expected: str) -> bool:
+    """Constant-time comparison that also survives a peer sending a non-string or non-ASCII MAC."""
+    return isinstance(claimed, str) and hmac.compare_digest(claimed.encode(), expected.encode())
 
 
 def _from_hex(value: Any, size: int) -> bytes | None:
@@ -165,7 +175,7 @@ class Receiver:
 
     def serve_forever(self) -> None:
         try:
-            self._server.serve_forever(poll_interval=0.2)
+            self._server.serve_forever(poll_interval=0.05)
         finally:
             self._close()
 
@@ -214,8 +224,7 @@ class Receiver:
                 send_frames(sock, {"ok": True, "pong": True, "proto": PROTO})
             elif op == "auth":
                 theirs = _from_hex(msg.get("challenge"), 32)
-                expected = theirs and _mac(self.secret, _CLIENT_TAG, challenge, theirs)
-                if not (theirs and isinstance(msg.get("mac"), str) and hmac.compare_digest(msg["mac"], expected)):
+                if theirs is None or not _mac_matches(msg.get("mac"), _mac(self.secret, _CLIENT_TAG, challenge, theirs)):
                     log.warning("refused %s: authentication failed", peer)
                     self._refuse(sock, "auth", "authentication failed")
                     return
@@ -260,7 +269,12 @@ class Receiver:
                                "error": f"{size} bytes exceeds the receiver's limit of {self.max_bytes}"})
             return True
         if self.store.has(sha):
-            send_frames(sock, {"ok": True, "have": True})
+            present = self.store.path_for(sha).stat().st_size
+            if present == size:
+                send_frames(sock, {"ok": True, "have": True})
+            else:
+                send_frames(sock, {"ok": False, "kind": "store_error", "error": f"the stored object is {present} "
+                                   f"bytes, not {size}: damaged; run `h3flow store verify --quarantine` there"})
             return True
         with self._reservation(size) as free:
             if free is not None:
@@ -270,25 +284,34 @@ class Receiver:
                 return True
             send_frames(sock, {"ok": True, "send": True})
             started = time.perf_counter()
-            with self.store.temp_file(sha[:16]) as (handle, temp):
-                actual, write_error = _receive_body(sock, handle.fileno(), size)
+            reply = self._receive_into_store(sock, sha, size, peer)
+        # The temp file is gone before the answer leaves: a sender never sees a partial file.
+        if reply is None:
+            log.info("stored %s (%d bytes) from %s in %.1f ms", sha[:12], size, peer,
+                     1000 * (time.perf_counter() - started))
+            reply = {"ok": True, "stored": True}
+        send_frames(sock, reply)
+        return True
+
+    def _receive_into_store(self, sock: socket.socket, sha: str, size: int, peer: str) -> dict[str, Any] | None:
+        """Stream the body into a temp file and link it into the store; None on success,
+        else the refusal to send back."""
+        with self.store.temp_file(sha[:16]) as (handle, temp):
+            actual, write_error = _receive_body(sock, handle.fileno(), size)
+            if write_error is None and actual != sha:
+                log.warning("rejected %s from %s: bytes hash to %s", sha[:12], peer, actual[:12])
+                return {"ok": False, "kind": "integrity", "got": actual,
+                        "error": f"received bytes hash to {actual}, not {sha}"}
+            try:
                 if write_error is not None:
-                    kind = "disk_full" if write_error.errno in (28, 122) else "store_error"  # ENOSPC, EDQUOT
-                    log.warning("failed %s from %s: %s", sha[:12], peer, write_error)
-                    send_frames(sock, {"ok": False, "kind": kind,
-                                       "error": f"writing the latent failed: {write_error.strerror or write_error}"})
-                    return True
-                if actual != sha:
-                    log.warning("rejected %s from %s: bytes hash to %s", sha[:12], peer, actual[:12])
-                    send_frames(sock, {"ok": False, "kind": "integrity", "got": actual,
-                                       "error": f"received bytes hash to {actual}, not {sha}"})
-                    return True
+                    raise write_error
                 os.fsync(handle.fileno())
                 self.store.commit(temp, sha)
-        log.info("stored %s (%d bytes) from %s in %.1f ms", sha[:12], size, peer,
-                 1000 * (time.perf_counter() - started))
-        send_frames(sock, {"ok": True, "stored": True})
-        return True
+            except OSError as exc:
+                log.warning("failed %s from %s: %s", sha[:12], peer, exc)
+                kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "store_error"
+                return {"ok": False, "kind": kind, "error": f"writing the latent failed: {exc.strerror or exc}"}
+        return None
 
     @contextlib.contextmanager
     def _reservation(self, size: int) -> Any:
@@ -311,30 +334,76 @@ class Receiver:
 
 
 def _receive_body(sock: socket.socket, fd: int, size: int) -> tuple[str, OSError | None]:
-    """Read exactly ``size`` bytes, hashing and writing them as they come.
+    """Read exactly ``size`` bytes into ``fd``; return their SHA-256 and any write error.
 
-    A write error (disk full) does not stop the reading: the rest of the body is drained
-    so the sender gets a clear answer instead of a reset connection.
+    Two threads: this one receives and writes (and starts the disk writeback early, so
+    the final fsync has little left to wait for), a second one hashes the same buffers,
+    so hashing overlaps the network and the disk. A write error (disk full) does not
+    stop the reading: the rest of the body is drained and the sender gets a clear answer
+    instead of a reset connection.
     """
     digest = hashlib.sha256()
-    buf = bytearray(min(CHUNK, max(size, 1)))
-    view = memoryview(buf)
-    remaining = size
+    buffers = [memoryview(bytearray(min(CHUNK, size))) for _ in range(min(_BUFFERS, -(-size // CHUNK)))]
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    ready: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    for index in range(len(buffers)):
+        free.put(index)
+
+    def hash_buffers() -> None:
+        while (item := ready.get()) is not None:
+            digest.update(buffers[item[0]][: item[1]])
+            free.put(item[0])
+
+    hasher = threading.Thread(target=hash_buffers, name="h3flow-recv-hash", daemon=True)
+    hasher.start()
     write_error: OSError | None = None
-    while remaining:
-        n = sock.recv_into(view, min(len(buf), remaining), socket.MSG_WAITALL)
-        if n == 0:
-            raise ConnectionError("sender closed the connection mid-stream")
-        chunk = view[:n]
-        digest.update(chunk)
-        if write_error is None:
-            try:
-                while chunk:
-                    chunk = chunk[os.write(fd, chunk):]
-            except OSError as exc:
-                write_error = exc
-        remaining -= n
+    offset = flushed = 0
+    try:
+        while offset < size:
+            index = free.get()
+            n = sock.recv_into(buffers[index], min(CHUNK, size - offset), socket.MSG_WAITALL)
+            if n == 0:
+                raise ConnectionError("sender closed the connection mid-stream")
+            if write_error is None:
+                try:
+                    chunk = buffers[index][:n]
+                    while chunk:
+                        chunk = chunk[os.write(fd, chunk) :]
+                except OSError as exc:
+                    write_error = exc
+            ready.put((index, n))
+            offset += n
+            if write_error is None and offset - flushed >= _WRITEBACK:
+                _start_writeback(fd, flushed, offset - flushed)
+                flushed = offset
+    finally:
+        ready.put(None)
+        hasher.join()
     return digest.hexdigest(), write_error
+
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask Linux to start writing a range to disk now (sync_file_range, asynchronous),
+    so the fsync at the end waits for the tail only. A no-op where unavailable."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = _load_sync_file_range()
+    if _sync_file_range:
+        _sync_file_range(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE
+
+
+def _load_sync_file_range() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        func = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return False
+    func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
 
 
 def _is_sha(value: Any) -> bool:
@@ -420,8 +489,7 @@ def _put(sock: socket.socket, ref: FileRef, size: int, secret: bytes, where: str
     auth = recv_frame(sock)
     if not auth.get("ok"):
         raise H3FlowError(f"the {where} refused authentication ({auth.get('error')}): wrong shared secret?")
-    if not (isinstance(auth.get("mac"), str)
-            and hmac.compare_digest(auth["mac"], _mac(secret, _SERVER_TAG, ours, server_challenge))):
+    if not _mac_matches(auth.get("mac"), _mac(secret, _SERVER_TAG, ours, server_challenge)):
         raise H3FlowError(f"the {where} did not prove the shared secret: not sending the latent")
     reply = recv_frame(sock)
     if reply.get("ok") and reply.get("have"):

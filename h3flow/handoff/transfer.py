@@ -150,4 +150,7 @@ def os_reason(exc: BaseException) -> str:
     """A short reason for a network error, for one-line messages."""
     if isinstance(exc, TimeoutError | socket.timeout):
         return "timed out"
+    causes = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one error per address
+    if isinstance(causes, dict) and causes:
+        return os_reason(next(iter(causes.values())))
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -108,18 +109,20 @@ def wait_healthy(
                 state.healthy, state.detail = check_health(state.spec.health, since=state.spawned_at)
                 if state.healthy:
                     pending.remove(state)
-                    took = f" in {time.monotonic() - begin:.1f} s" if state.spawned_at else ""
+                    took = time.monotonic() - begin
+                    how = f"{state.action} in {took:.1f} s" if state.spawned_at else "already running"
                     console.print(
-                        f"[green]✓[/] {state.spec.name:<22} {state.action}{took}, pid {proc.pid} — {state.detail}"
+                        f"[green]✓[/] {state.spec.name:<18} {how}, pid {proc.pid}: {state.detail}",
+                        soft_wrap=True,
                     )
             if pending and time.monotonic() >= deadline:
-                state = pending[0]
-                runner = runner_for(state.spec.host)
-                if state.spawned_at is not None and state.proc.pid is not None:
-                    runner.stop(state.spec, state.proc.pid)  # do not leave a half-started process behind
+                for state in pending:  # leave no half-started process behind
+                    if state.spawned_at is not None and state.proc.pid is not None:
+                        runner_for(state.spec.host).stop(state.spec, state.proc.pid)
+                first = pending[0]
                 raise H3FlowError(
-                    f"{state.spec.name} not healthy after {timeout:.0f} s ({state.detail}); "
-                    f"{_log_excerpt(state.spec, runner)}"
+                    f"{', '.join(s.spec.name for s in pending)} not healthy after {timeout:.0f} s "
+                    f"({first.detail}); {_log_excerpt(first.spec, runner_for(first.spec.host))}"
                 )
             if pending:
                 time.sleep(POLL)
@@ -153,12 +156,12 @@ def bring_down(specs: Sequence[ServiceSpec], runner_for: RunnerFor, *, console: 
             with console.status(f"stopping {spec.name} (pid {proc.pid}) …"):
                 killed = runner.stop(spec, proc.pid)
             state = ServiceState(spec, proc, "killed" if killed else "stopped")
-            console.print(f"[green]✓[/] {spec.name:<22} {state.action} (pid {proc.pid})")
+            console.print(f"[green]✓[/] {spec.name:<18} {state.action} (pid {proc.pid})")
         else:
             if proc.stale:
                 runner.forget(spec)
             state = ServiceState(spec, proc, "not running")
-            console.print(f"[dim]·[/] {spec.name:<22} not running")
+            console.print(f"[dim]·[/] {spec.name:<18} not running")
         states.append(state)
     return list(reversed(states))
 
@@ -172,7 +175,7 @@ def probe_all(specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> list[Servi
         if proc.running:
             state.healthy, state.detail = check_health(spec.health)
         elif proc.stale:
-            state.detail = f"stale PID file (pid {proc.pid} is gone)"
+            state.detail = f"stale PID file (pid {proc.pid} is not running it)"
         states.append(state)
     return states
 
@@ -206,7 +209,7 @@ def start_services(
     runner_for: RunnerFor | None = None,
     deploy: Deploy | None = default_deploy,
     console: Console | None = None,
-    timeout: float = 60.0,
+    timeout: float = 90.0,
 ) -> list[ServiceState]:
     """``h3flow start --local``: server, then deployments, then workers and receivers.
 
@@ -218,15 +221,18 @@ def start_services(
     specs = local_specs(config, config_path)
     server, rest = specs[0], specs[1:]
     with _locked(service_dir(config) / ".lock"):
-        runner_for(server.host).ensure_secret(config.transfer.secret)
+        for spec in rest:
+            if spec.kind == "receiver":  # the embedded default's secret file is made on first start
+                runner_for(spec.host).ensure_secret(config.transfer.secret)
         states = bring_up([server], runner_for, timeout=timeout, console=console)
         missing = [s for s in rest if s.kind == "worker" and not runner_for(s.host).inspect(s).running]
         if deploy is not None and (states[0].spawned_at is not None or missing):
-            with console.status("creating work pools and deployments …"):
-                deploy(config, config_path)
-            console.print(f"[green]✓[/] {'deployments':<22} created / updated")
+            with console.status("creating work pools and deployments …"), contextlib.redirect_stdout(io.StringIO()):
+                deploy(config, config_path)  # its per-deployment tables would drown the service lines
+            console.print(f"[green]✓[/] {'deployments':<18} created / updated")
         states += bring_up(rest, runner_for, timeout=timeout, console=console)
-    console.print(f"Prefect UI: {config.prefect.api_url.removesuffix('/api')}   logs: {service_dir(config)}")
+    ui = config.prefect.api_url.removesuffix("/api")
+    console.print(f"Prefect UI: {ui}   logs: {service_dir(config)}", soft_wrap=True)
     return states
 
 
@@ -281,7 +287,9 @@ def print_service_status(config_path: Path = Path("local.json"), console: Consol
     if not config.work_dir:
         raise remote_not_built("status --services")
     states = service_status(config, config_path)
-    (console or Console(highlight=False)).print(render_status(states))
+    console = console or Console(highlight=False)
+    console.print(render_status(states))
+    console.print(f"logs and PID files: {service_dir(config)}", soft_wrap=True)
     return states
 
 

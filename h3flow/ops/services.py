@@ -8,9 +8,11 @@ cwd, log, PID file, health check), built from local.json by :func:`local_specs`,
 process control lives behind the small :class:`Runner` protocol. Health checks run on
 the controlling machine (:func:`check_health`), against the addresses in local.json.
 
-Each service runs in its own session (``setsid``): SIGTERM to its process group stops
-it and everything it spawned, and it does not inherit the caller's SIGINT-ignored
-disposition (bash does that to background jobs, and Prefect maps SIGTERM to SIGINT).
+Each service runs in its own session (``setsid``), so it has a process group to signal
+and does not inherit the caller's SIGINT-ignored disposition (bash does that to
+background jobs, and Prefect maps SIGTERM to SIGINT: such a worker ignores SIGTERM).
+Stopping signals the groups of its whole process tree: a Prefect process worker starts
+each flow run in a session of its own.
 """
 
 from __future__ import annotations
@@ -78,19 +80,18 @@ def check_health(health: Health, since: float | None = None, timeout: float = 2.
         try:
             reply = httpx.get(health.url, timeout=timeout)
         except httpx.HTTPError as exc:
-            return False, f"GET {health.url}: {type(exc).__name__}"
+            return False, f"{health.url}: {type(exc).__name__}"
         body = reply.text.strip()
         ok = reply.status_code == 200 and body == health.expect
-        return ok, f"GET {health.url} → {reply.status_code} {body[:40]}"
+        return ok, f"{urlsplit(health.url).path} → {body[:40] if reply.status_code == 200 else reply.status_code}"
     if isinstance(health, WorkerHealth):
         return _worker_health(health, since, timeout)
     from h3flow.handoff.tcp import probe
 
     where = f"{health.address}:{health.port}"
-    return (True, f"receiver answers ping at {where}") if probe(health.address, health.port, timeout) else (
-        False,
-        f"no receiver answering at {where}",
-    )
+    if probe(health.address, health.port, timeout):
+        return True, f"answers ping on {where}"
+    return False, f"no receiver answering on {where}"
 
 
 def _worker_health(health: WorkerHealth, since: float | None, timeout: float) -> tuple[bool, str]:
@@ -109,10 +110,10 @@ def _worker_health(health: WorkerHealth, since: float | None, timeout: float) ->
         beat = _epoch(worker.get("last_heartbeat_time"))
         age = f"heartbeat {max(0.0, time.time() - beat):.0f} s ago" if beat else "no heartbeat"
         if worker.get("status") != "ONLINE":
-            return False, f"{worker.get('status', '?')} on {health.work_pool}, {age}"
+            return False, f"{worker.get('status', '?')}, {age}"
         if since is not None and (beat is None or beat < since - 1.0):
             return False, f"waiting for a heartbeat from the new process ({age})"
-        return True, f"ONLINE on {health.work_pool}, {age}"
+        return True, f"ONLINE, {age}"
     return False, f"not registered on {health.work_pool} yet"
 
 
@@ -228,7 +229,9 @@ def worker_spec(
 def worker_specs(config: LocalConfig, config_path: Path, where: Callable[[str], Path]) -> list[ServiceSpec]:
     """One worker per GPU pool (with the pool's device pinning), plus the dispatcher's."""
     specs = [
-        worker_spec(config, config_path, where(pool.host), pool.work_pool, pool.host, {**pool.env, "H3FLOW_POOL": pool.name})
+        worker_spec(
+            config, config_path, where(pool.host), pool.work_pool, pool.host, {**pool.env, "H3FLOW_POOL": pool.name}
+        )
         for pool in config.pools
     ]
     host = config.pools[0].host  # the batch (dispatcher) flow runs on the controlling host

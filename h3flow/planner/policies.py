@@ -1,13 +1,19 @@
 """Dispatch policies: which sampler pool takes a clip. The live dispatcher calls these too.
 
 A policy sees a :class:`State` — when each resource is next free, *relative to now*
-(0 or less: free now), which pools are gone, and measured durations that override the
-profile — and names a pool. The simulator builds the same state from its bookings.
+(0 or less: free now), which pools are gone or full (no free slot), and measured
+durations that override the profile — and names a pool, or ``None`` to wait for a slot.
+The simulator builds the same state from its own projections.
 
 - :class:`RoundRobin` is the design's: pools take clips in turn, in batch order.
 - :class:`EarliestFinish` projects each clip through every pool (its encoder pool, the
-  link, the decoder queue) and picks the one whose video would be finished first;
-  it dispatches the batch longest-first so short clips fill the gaps at the end.
+  link, the decoder queue) and picks the one whose video would be finished first (it
+  waits for a full pool when that pool would still finish first); it dispatches the
+  batch longest-first so short clips fill the gaps at the end.
+- :class:`BestOf` (the planner's default, ``best``) simulates the batch under each of
+  its candidates (earliest-finish, then the design's) and behaves as the one that
+  finishes it first: a greedy rule can lose to round-robin on some batches, a plan
+  that checks both never does.
 """
 
 from __future__ import annotations
@@ -24,14 +30,21 @@ C = TypeVar("C", bound=ClipLike)
 
 @dataclass
 class State:
-    """What a policy knows at a decision: resource -> seconds until free, gone pools, measurements."""
+    """What a policy knows at a decision: resource -> seconds until free, gone/full pools, measurements."""
 
     busy_until: Mapping[str, float] = field(default_factory=dict)
     gone: frozenset[str] | set[str] = frozenset()
+    full: frozenset[str] | set[str] = frozenset()
     measured: Measured = field(default_factory=dict)
+    encode_free: Mapping[str, float] = field(default_factory=dict)
+    """Seconds until an encoder pool could start a borrowed encode (it serves those first);
+    defaults to its ``busy_until``."""
 
     def free_in(self, resource: str) -> float:
         return max(0.0, self.busy_until.get(resource, 0.0))
+
+    def encode_in(self, encoder: str) -> float:
+        return max(0.0, self.encode_free.get(encoder, self.busy_until.get(encoder, 0.0)))
 
 
 class Policy(Protocol):
@@ -43,8 +56,8 @@ class Policy(Protocol):
     def order(self, clips: Sequence[C]) -> list[C]:
         """The order clips are dispatched in."""
 
-    def choose_pool(self, clip: ClipLike, state: State) -> str:
-        """The sampler pool that takes ``clip``."""
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
+        """The sampler pool that takes ``clip`` now, or None to wait until a pool has a free slot."""
 
 
 def _live(planner: Planner, state: State) -> list[str]:
@@ -58,6 +71,7 @@ class RoundRobin:
     """The design's policy: pools take clips in turn (batch order); one FIFO decode queue."""
 
     name = "design"
+    needs_state = False  # it only looks at which pools are full or gone
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
@@ -69,14 +83,16 @@ class RoundRobin:
     def order(self, clips: Sequence[C]) -> list[C]:
         return list(clips)
 
-    def choose_pool(self, clip: ClipLike, state: State) -> str:
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
         pools = [p.name for p in self.planner.resources.samplers]
         live = set(_live(self.planner, state))
-        while True:
-            name = pools[self._turn % len(pools)]
+        while pools[self._turn % len(pools)] not in live:
             self._turn += 1
-            if name in live:
-                return name
+        name = pools[self._turn % len(pools)]
+        if name in state.full:
+            return None  # its turn, but its slots are taken: the batch waits (strict turns)
+        self._turn += 1
+        return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,28 +110,26 @@ class Projection:
 
 def project(planner: Planner, clip: ClipLike, pool_name: str, state: State) -> Projection:
     """Follow ``clip`` through ``pool_name``: encoder pool, pool, link, the decoder that finishes it first."""
-    res = planner.resources
-    pool = res.pool(pool_name)
-    t = planner.sampler_times(clip, pool, state.measured)
-    start = state.free_in(pool.encoder)
-    encoded = start + t.encode + t.offload
-    if pool.encoder == pool.name:
+    pool = planner.resources.pool(pool_name)
+    busy, gone = state.busy_until, state.gone
+    t, routes = planner.routes(clip, pool, state.measured)
+    if pool.encoder == pool_name:
+        encoded = max(0.0, busy.get(pool_name, 0.0)) + t.encode + t.offload
         handed = encoded + t.sample + t.handoff
     else:
-        handed = max(state.free_in(pool.name), encoded) + t.sample + t.handoff
-    best: Projection | None = None
-    for dec in res.decoders:
-        if dec.name in state.gone:
+        encoded = state.encode_in(pool.encoder) + t.encode + t.offload
+        handed = max(busy.get(pool_name, 0.0), encoded) + t.sample + t.handoff
+    best: tuple[float, float, str, str] | None = None
+    for dec, link, transfer, decode in routes:
+        if dec in gone:
             continue
-        link = res.link(pool.host, dec.host)
-        arrived = max(handed, state.free_in(link.name)) + planner.transfer_time(clip, link, state.measured)
-        decode, mux = planner.decoder_times(clip, dec, state.measured)
-        finished = max(arrived, state.free_in(dec.name)) + decode + mux
-        if best is None or finished < best.finished:
-            best = Projection(pool.name, encoded, handed, dec.name, link.name, arrived, finished)
+        arrived = max(handed, busy.get(link, 0.0)) + transfer
+        finished = max(arrived, busy.get(dec, 0.0)) + decode
+        if best is None or finished < best[0]:
+            best = (finished, arrived, dec, link)
     if best is None:
         raise ConfigError("every decoder is gone: nothing can decode")
-    return best
+    return Projection(pool_name, encoded, handed, best[2], best[3], best[1], best[0])
 
 
 class EarliestFinish:
@@ -125,9 +139,10 @@ class EarliestFinish:
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
+        self.projections: dict[str, Projection] = {}  # the last decision's, per pool
 
     def reset(self) -> None:
-        pass
+        self.projections = {}
 
     def order(self, clips: Sequence[C]) -> list[C]:
         fastest = self.planner.resources.samplers
@@ -136,18 +151,57 @@ class EarliestFinish:
         }
         return sorted(clips, key=lambda c: -work[(c.spec, c.frames)])
 
-    def choose_pool(self, clip: ClipLike, state: State) -> str:
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
         best: tuple[float, float, int] | None = None
-        choice = ""
+        choice = None
+        self.projections = {}
         for i, name in enumerate(_live(self.planner, state)):
-            p = project(self.planner, clip, name, state)
+            p = self.projections[name] = project(self.planner, clip, name, state)
             key = (round(p.finished, 9), round(p.handed_off, 9), i)
             if best is None or key < best:
                 best, choice = key, name
-        return choice
+        # a full pool that would still finish first is worth waiting for
+        return None if choice in state.full else choice
 
 
-POLICIES = {"design": RoundRobin, "earliest-finish": EarliestFinish}
+class BestOf:
+    """Simulate each candidate policy on the batch, then act as the one that finishes it first."""
+
+    name = "best"
+
+    def __init__(self, planner: Planner, candidates: Sequence[type] = (EarliestFinish, RoundRobin)) -> None:
+        self.planner = planner
+        self.candidates: list[Policy] = [c(planner) for c in candidates]
+        self.chosen: Policy = self.candidates[0]
+        self.schedules: dict[str, object] = {}  # candidate name -> its Schedule, after order()
+
+    def reset(self) -> None:
+        self.chosen.reset()
+
+    def order(self, clips: Sequence[C]) -> list[C]:
+        from h3flow.planner.simulate import simulate  # the simulator imports this module
+
+        self.schedules = {}
+        for candidate in self.candidates:
+            self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
+        ranked = sorted(enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0]))  # type: ignore[attr-defined]
+        self.chosen = ranked[0][1]
+        self.chosen.reset()
+        return self.chosen.order(clips)
+
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
+        return self.chosen.choose_pool(clip, state)
+
+    @property
+    def needs_state(self) -> bool:
+        return getattr(self.chosen, "needs_state", True)
+
+    @property
+    def projections(self) -> dict[str, Projection]:
+        return getattr(self.chosen, "projections", {})
+
+
+POLICIES = {"best": BestOf, "earliest-finish": EarliestFinish, "design": RoundRobin}
 
 
 def make_policy(name: str, planner: Planner) -> Policy:

@@ -72,6 +72,13 @@ class Resources:
         except KeyError:
             raise ConfigError(f"unknown sampler pool {name!r} (known: {', '.join(self._pool)})") from None  # type: ignore[attr-defined]
 
+    def routes(self, pool: SamplerPool) -> list[tuple[Decoder, Link]]:
+        """Each decoder with the link a latent from ``pool`` takes to reach it."""
+        cache: dict[str, list[tuple[Decoder, Link]]] = self.__dict__.setdefault("_routes", {})
+        if pool.name not in cache:
+            cache[pool.name] = [(d, self.link(pool.host, d.host)) for d in self.decoders]
+        return cache[pool.name]
+
     def link(self, source_host: str, target_host: str) -> Link:
         return self._link[(source_host, target_host)]  # type: ignore[attr-defined]
 
@@ -99,7 +106,7 @@ class Resources:
                 if not local:
                     raise ConfigError(
                         f"topology {config.topology!r}: no pool can hold the text encoder "
-                        f"({need:g} GB of VRAM) to encode pool {pool.name!r}'s clips"
+                        f"({need:g} GB of VRAM) to encode the clips of pool {pool.name!r}"
                     )
                 encoder = max(local, key=lambda p: (p.vram_gb, -pools.index(p))).name
             samplers.append(

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from h3flow.planner.profile import Profile
 from h3flow.planner.resources import Decoder, Link, Resources, SamplerPool
+from h3flow.specs import frames_for_seconds
 
 Measured = Mapping[tuple[str, str, str], float]
 """Live overrides: (resource name, stage, spec) -> seconds for a profile-length clip."""
@@ -22,6 +23,23 @@ class ClipLike(Protocol):
     def spec(self) -> str: ...
     @property
     def frames(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlanClip:
+    """A clip as the planner sees it: its id, spec and (snapped) frame count, precomputed."""
+
+    id: str
+    spec: str
+    frames: int
+
+    @classmethod
+    def of(cls, clip: ClipLike) -> "PlanClip":
+        return clip if isinstance(clip, PlanClip) else cls(clip.id, clip.spec, clip.frames)
+
+    @classmethod
+    def make(cls, id: str, spec: str = "sd", seconds: float = 5.0) -> "PlanClip":  # noqa: A002 - the clip's id
+        return cls(id, spec, frames_for_seconds(seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +64,9 @@ class Planner:
         self.resources = resources
         self.modelled: dict[str, str] = {}  # "T10 x2 sd sample" -> how it was derived
         self._sampler: dict[tuple[str, int, str], SamplerTimes] = {}
-        self._transfer: dict[tuple[str, int, str], float] = {}
+        self._transfer: dict[tuple[str, int, str, float], float] = {}
         self._decoder: dict[tuple[str, int, str], tuple[float, float]] = {}
+        self._routes: dict[tuple[str, int, str], tuple[SamplerTimes, list[tuple[str, str, float, float]]]] = {}
 
     # ------------------------------------------------------------------ durations
     def sampler_times(self, clip: ClipLike, pool: SamplerPool, measured: Measured | None = None) -> SamplerTimes:
@@ -72,7 +91,7 @@ class Planner:
         return times
 
     def transfer_time(self, clip: ClipLike, link: Link, measured: Measured | None = None) -> float:
-        key = (clip.spec, clip.frames, link.name)
+        key = (clip.spec, clip.frames, link.name, link.gbit_s)
         if not measured and key in self._transfer:
             return self._transfer[key]
         base = self.profile.transfer(clip.spec, link.gbit_s, f"{link.label}, spec {clip.spec}")
@@ -96,6 +115,22 @@ class Planner:
         if not measured:
             self._decoder[key] = times
         return times
+
+    def routes(self, clip: ClipLike, pool: SamplerPool, measured: Measured | None = None) -> tuple[SamplerTimes, list[tuple[str, str, float, float]]]:
+        """The clip's sampler times on ``pool`` and, per decoder, (decoder, link, transfer, decode + mux)."""
+        key = (clip.spec, clip.frames, pool.name)
+        if not measured and key in self._routes:
+            return self._routes[key]
+        out = (
+            self.sampler_times(clip, pool, measured),
+            [
+                (dec.name, link.name, self.transfer_time(clip, link, measured), sum(self.decoder_times(clip, dec, measured)))
+                for dec, link in self.resources.routes(pool)
+            ],
+        )
+        if not measured:
+            self._routes[key] = out
+        return out
 
     def check(self, clips: list[ClipLike]) -> None:
         """Look every needed duration up once, so a missing profile entry fails before simulating."""

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from h3flow.reference.threads import threads_for
 from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, AUDIO_RATE
 
 BASE_NOTE_HZ = 130.8128  # C3
@@ -33,6 +34,11 @@ def decode_audio(audio: torch.Tensor, samples: int | None = None, *, rate: int =
     the whole step is a few small matrix products against fixed cos/sin tables of one
     step, so no per-sample ``sin`` is evaluated.
     """
+    with threads_for(0):  # a few small matrix products
+        return _decode_audio(audio, samples, rate=rate)
+
+
+def _decode_audio(audio: torch.Tensor, samples: int | None, *, rate: int) -> torch.Tensor:
     if audio.dim() != 4 or audio.shape[0] != 1 or audio.shape[1] != AUDIO_CHANNELS or audio.shape[2] != 2:
         raise ValueError(f"audio latent must be [1, {AUDIO_CHANNELS}, 2, T40], got {list(audio.shape)}")
     if rate % AUDIO_LATENT_RATE:

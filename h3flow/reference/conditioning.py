@@ -234,9 +234,23 @@ def encode_conditioning(
     )
 
 
+def _canonical(data: bytes) -> bytes:
+    """The same safetensors file with its metadata keys sorted.
+
+    safetensors writes ``__metadata__`` in hash-map order, which changes from call to
+    call; sorting makes equal conditioning byte-identical, so its SHA-256 names it.
+    """
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8-byte alignment
+    return struct.pack("<Q", len(text)) + text + data[8 + length :]
+
+
 def save_conditioning(path: str | Path, cond: Conditioning) -> str:
     """Write ``cond`` as safetensors, atomically; returns the file's SHA-256."""
-    data = st_save({k: v.detach().cpu().contiguous() for k, v in cond.tensors().items()}, metadata=dict(cond.meta))
+    data = _canonical(st_save({k: v.detach().cpu().contiguous() for k, v in cond.tensors().items()}, metadata=dict(cond.meta)))
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from h3flow.reference.conditioning import Conditioning
+from h3flow.reference.threads import threads_for
 from h3flow.reference.ulysses import ParallelContext, gather_sequence, heads_to_seq, padded_length, seq_to_heads
 from h3flow.reference.vae import channel_frequencies, pixel_position
 from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, FPS, VIDEO_CHANNELS, audio_latent_steps, latent_frames
@@ -144,7 +145,8 @@ def euler(x: torch.Tensor, sigmas: torch.Tensor, predict) -> torch.Tensor:  # ty
     for i in range(len(sigmas) - 1):
         sigma, nxt = float(sigmas[i]), float(sigmas[i + 1])
         denoised = predict(x, sigma)
-        x = x + (x - denoised) / sigma * (nxt - sigma)
+        # The step to sigma 0 lands on the prediction; take it exactly (no rounding residue).
+        x = denoised if nxt == 0.0 else x + (x - denoised) / sigma * (nxt - sigma)
     return x
 
 
@@ -162,6 +164,20 @@ def sample_shards(
     Every rank draws the same full noise from ``seed`` on the CPU (so any degree and any
     device see identical randomness) and keeps its slice.
     """
+    _, _, _, h, w = cond.first_frame.shape
+    with threads_for(latent_frames(frames) * h * w * VIDEO_CHANNELS // ctx.world):
+        return _sample_shards(ctx, cond, seed=seed, steps=steps, frames=frames, config=config)
+
+
+def _sample_shards(
+    ctx: ParallelContext,
+    cond: Conditioning,
+    *,
+    seed: int,
+    steps: int,
+    frames: int,
+    config: DenoiserConfig,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     first = cond.first_frame
     _, _, _, h, w = first.shape
     latent_t = latent_frames(frames)

@@ -10,6 +10,7 @@ xDiT's USP use for H3's DiT; degree P must divide the number of heads.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,19 +106,27 @@ def _worker(rank: int, world: int, port: int, device: str, fn: Callable[..., Any
 
 
 def run_parallel(degree: int, fn: Callable[..., Any], args: tuple[Any, ...], *, device: str = "cpu") -> None:
-    """Run ``fn(ctx, *args)`` in ``degree`` spawned processes joined in one process group.
+    """Run ``fn(ctx, *args)`` in ``degree`` processes joined in one process group.
+
+    The processes come from torch.multiprocessing's ``forkserver`` start method: a clean
+    server process (started like ``spawn``: no inherited threads, no CUDA context)
+    imports torch and ``fn``'s module once, then forks a rank per call and every later
+    call. Plain ``spawn`` re-imports torch in every rank and tears down each interpreter
+    at exit: on the 2-core build machine under load a degree-4 run took 27 s that way
+    against 5 s for the first forkserver run and 0.2 s for the next.
 
     The parent holds the rendezvous store on a free loopback port (the OS picks it, so
     two runs never collide) and waits for every rank; a failing rank raises here.
-    ``fn`` must be a module-level function (spawn pickles it by name).
+    ``fn`` must be a module-level function (it is pickled by name).
     """
     if degree == 1:
         fn(ParallelContext(0, 1, torch.device(device)), *args)
         return
     if torch.device(device).type == "cuda" and torch.cuda.device_count() < degree:
         raise ConfigError(f"Ulysses degree {degree} needs {degree} CUDA devices, found {torch.cuda.device_count()}")
+    multiprocessing.set_forkserver_preload(["__main__", "torch", __name__, fn.__module__])
     store = dist.TCPStore("127.0.0.1", 0, world_size=degree + 1, is_master=True, wait_for_workers=False)
     try:
-        mp.spawn(_worker, args=(degree, store.port, device, fn, args), nprocs=degree, join=True)
+        mp.start_processes(_worker, args=(degree, store.port, device, fn, args), nprocs=degree, join=True, start_method="forkserver")
     finally:
         del store

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
+from h3flow.reference.threads import threads_for
 from h3flow.specs import PATCH, VIDEO_CHANNELS
 
 PATCH_DIM = PATCH * PATCH * 3
@@ -219,7 +220,9 @@ def decode_video(video: torch.Tensor, frames: int, decoder: Fp32Decoder, *, chun
     for start in range(0, frames, chunk):
         sl = slice(start, min(start + chunk, frames))
         z = torch.lerp(lat[lo[sl]], lat[hi[sl]], wt[sl])
-        yield decoder.decode(z)
+        with threads_for(z.numel() * PATCH_DIM // VIDEO_CHANNELS):
+            pixels = decoder.decode(z)
+        yield pixels
 
 
 def decode_to_frames(video: torch.Tensor, frames: int, *, int8: bool = True, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.context import TaskRunContext
 
 from h3flow.batch import Clip
@@ -59,6 +60,22 @@ def key_from_parameters(_ctx: TaskRunContext, parameters: dict[str, Any]) -> str
     return f"{parameters['stage_name']}-{parameters['key']}"
 
 
+def host_cache(results: Path) -> Any:
+    """The content-key cache on one host: records beside the results, SERIALIZABLE.
+
+    SERIALIZABLE with a host-local lock means two flow runs that reach the same stage
+    key at once (a resumed run beside a still-running child) compute it once; the second
+    waits and gets the cached result.
+    """
+    from prefect.locking.filesystem import FileSystemLockManager
+
+    return CacheKeyFnPolicy(cache_key_fn=key_from_parameters).configure(
+        key_storage=results / "keys",
+        isolation_level="SERIALIZABLE",
+        lock_manager=FileSystemLockManager(lock_files_directory=results / "locks"),
+    )
+
+
 def journal(config: LocalConfig, host: str, stage: str, clip_id: str, pool: str) -> None:
     """Append one line per real engine invocation (what resume tests count)."""
     path = Path(config.hosts[host].storage.root) / "journal.jsonl"
@@ -95,7 +112,7 @@ STAGE_OPTIONS: dict[str, Any] = dict(
     retries=RETRIES,
     retry_delay_seconds=RETRY_DELAYS,
     retry_condition_fn=retry_transient,
-    cache_key_fn=key_from_parameters,
+    cache_policy=CacheKeyFnPolicy(cache_key_fn=key_from_parameters),  # host_cache() per host at run time
     persist_result=True,
     result_serializer="json",
 )
@@ -158,7 +175,13 @@ def sample(
 
 @task(name="transfer", **STAGE_OPTIONS)
 def transfer(
-    latent: dict[str, Any], pool: str, decoder: str, config_path: str, key: str, stage_name: str = "transfer"
+    latent: dict[str, Any],
+    clip_id: str,
+    pool: str,
+    decoder: str,
+    config_path: str,
+    key: str,
+    stage_name: str = "transfer",
 ) -> dict[str, Any]:
     """Send the latent to the decoder host's store; both ends check the SHA-256."""
     from h3flow.handoff.transfer import send
@@ -166,6 +189,7 @@ def transfer(
     config = config_at(config_path)
     source, target = config.pool(pool).host, config.pool(decoder).host
     started = time.time()
+    journal(config, source, "transfer", clip_id, pool)
     ref = send(FileRef.from_json(latent), destination_for(config, source, target))
     return _result(ref, target, decoder, started, method=config.route(source, target).method)
 

@@ -1,0 +1,120 @@
+"""A real embedded-default cluster for pipeline tests: Prefect server, workers, receiver.
+
+Each cluster gets its own work dir, so Prefect's database (PREFECT_HOME), the result
+storage and the stores are isolated per test module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from h3flow.adapt import adapt, local_host_map
+from h3flow.config import LocalConfig, load_local_config
+from h3flow.config_cli import render
+from h3flow.fsutil import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    config_path: Path
+
+    @property
+    def config(self) -> LocalConfig:
+        return load_local_config(self.config_path)
+
+    def env(self) -> dict[str, str]:
+        return {"PREFECT_API_URL": self.config.prefect.api_url, "PREFECT_HOME": str(self.workdir / "prefect")}
+
+    def start(self) -> None:
+        from h3flow.ops.lifecycle import start_services
+
+        start_services(self.config, self.config_path, console=quiet, timeout=120)
+
+    def stop(self) -> None:
+        from h3flow.ops.lifecycle import stop_services
+
+        stop_services(self.config, self.config_path, console=quiet)
+
+    def journal(self, host: str) -> list[dict]:
+        path = Path(self.config.hosts[host].storage.root) / "journal.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def invocations(self, stage: str, clip: str | None = None) -> int:
+        return sum(
+            1
+            for host in self.config.hosts
+            for line in self.journal(host)
+            if line["stage"] == stage and (clip is None or line["clip"] == clip)
+        )
+
+    def pidfile_pid(self, name: str) -> int:
+        for pid_file in (self.workdir / "services").glob("*.pid"):
+            if name in pid_file.name:
+                return int(pid_file.read_text().split()[0])
+        raise AssertionError(f"no pid file for {name}")
+
+
+def make_cluster(workdir: Path) -> Cluster:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = adapt(local_host_map(workdir, base_port=random.randint(30000, 50000)), work_dir=str(workdir.resolve()))
+    path = workdir / "local.json"
+    atomic_write_json(path, render(config))
+    return Cluster(workdir, path)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything under it (a worker and the flow runs it started)."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def write_batch(path: Path, clips: list[dict]) -> Path:
+    images = ROOT / "examples" / "images"
+    full = [
+        {"prompt": "slow pan left, calm", "image": str(images / "landscape.png"), "spec": "tiny", "seconds": 2, **c}
+        for c in clips
+    ]
+    path.write_text(json.dumps({"name": path.stem, "clips": full}))
+    return path

@@ -1,0 +1,154 @@
+"""The Prefect pipeline end to end on a real local cluster (server, workers, receiver).
+
+Real everything except the model: the reference engine stands in for H3 (no weights,
+no GPU here). Tests share one cluster per module and run in order; each run has its
+own run id, and the journal of engine invocations counts what was really executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import pytest
+
+from cluster import Cluster, kill_tree, make_cluster, wait_until, write_batch
+from h3flow.manifest import load_manifest
+
+pytestmark = pytest.mark.prefect
+H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    c = make_cluster(tmp_path_factory.mktemp("pipeline"))
+    c.start()
+    yield c
+    c.stop()
+
+
+def h3(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **cluster.env(), "COLUMNS": "200"}
+    return subprocess.run(
+        [H3FLOW, *args, "--config", str(cluster.config_path)],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+
+
+def submit(cluster: Cluster, batch: Path) -> str:
+    res = h3(cluster, "run", str(batch), "--background")
+    assert res.returncode == 0, res.stderr + res.stdout
+    return res.stdout.strip().splitlines()[-1]
+
+
+def check_mp4(path: str, seconds: float) -> None:
+    with av.open(path) as container:
+        video = container.streams.video[0]
+        audio = container.streams.audio[0]
+        assert video.codec_context.name == "h264" and audio.codec_context.name == "aac"
+        assert audio.rate == 48000
+        assert abs(float(container.duration / 1e6) - seconds) < 0.3
+
+
+def test_a_batch_runs_end_to_end_through_real_workers(cluster: Cluster, tmp_path: Path) -> None:
+    batch = write_batch(tmp_path / "three.json", [{"id": f"c{i}", "seed": i} for i in range(3)])
+    run_id = submit(cluster, batch)
+    res = h3(cluster, "wait", run_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert manifest.state == "completed" and len(manifest.delivered) == 3
+    assert {rec.pool for rec in manifest.clips.values()} <= {"a0", "a1"}
+    for rec in manifest.clips.values():
+        assert Path(rec.output).name == f"{rec.clip.id}.mp4"
+        check_mp4(rec.output, rec.clip.frames / 24)
+        assert set(rec.stages) == {"encode", "offload", "sample", "transfer", "decode"}
+    # one prompt + image for all three: encoded once (the other two hit the cache, even
+    # when two pools reach the same key at once), sampled and decoded per seed
+    assert (cluster.invocations("encode"), cluster.invocations("sample"), cluster.invocations("decode")) == (1, 3, 3)
+    status = h3(cluster, "status", run_id, "--json")
+    assert json.loads(status.stdout)["delivered"] == 3
+
+
+def test_the_same_batch_again_is_served_from_the_cache(cluster: Cluster, tmp_path: Path) -> None:
+    before = {s: cluster.invocations(s) for s in ("encode", "sample", "decode")}
+    batch = write_batch(tmp_path / "again.json", [{"id": f"c{i}", "seed": i} for i in range(3)])
+    run_id = submit(cluster, batch)
+    assert h3(cluster, "wait", run_id).returncode == 0
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert all(rec.stages["sample"].cached and rec.stages["decode"].cached for rec in manifest.clips.values())
+    assert {s: cluster.invocations(s) for s in before} == before
+
+
+def test_a_sampler_killed_mid_sample_still_delivers_every_clip(cluster: Cluster, tmp_path: Path) -> None:
+    batch = write_batch(tmp_path / "kill.json", [{"id": f"k{i}", "seed": 100 + i, "seconds": 4} for i in range(4)])
+    run_id = submit(cluster, batch)
+    wait_until(lambda: any(l["pool"] == "a0" and l["stage"] in ("encode", "sample") for l in cluster.journal("host-a")),
+               120, "pool a0 to start a clip")
+    kill_tree(cluster.pidfile_pid("h3-a0"))
+    res = h3(cluster, "wait", run_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert len(manifest.delivered) == 4
+    assert any(rec.attempts > 1 for rec in manifest.clips.values()), "the killed pool's clip was re-routed"
+    cluster.start()  # brings the dead worker back for the next tests
+
+
+def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster: Cluster, tmp_path: Path) -> None:
+    batch = write_batch(tmp_path / "resume.json", [{"id": f"r{i}", "seed": 200 + i} for i in range(4)])
+    run_id = submit(cluster, batch)
+    runs = Path(cluster.config.runs_dir)
+    wait_until(lambda: len(load_manifest(runs, run_id).delivered) >= 1, 180, "a first delivered clip")
+    kill_tree(cluster.pidfile_pid("h3-control"))
+    cluster.start()
+    res = h3(cluster, "resume", run_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "delivered (verified)" in res.stdout
+    manifest = load_manifest(runs, run_id)
+    assert manifest.state == "completed" and len(manifest.delivered) == 4
+    for clip in manifest.clips:
+        assert cluster.invocations("encode", clip) <= 1, clip  # the prompt may be cached from earlier runs
+        for stage in ("sample", "decode"):
+            assert cluster.invocations(stage, clip) == 1, (stage, clip)
+
+
+def test_a_latent_damaged_on_the_decoder_is_sent_again_not_decoded(cluster: Cluster, tmp_path: Path) -> None:
+    batch = write_batch(tmp_path / "corrupt.json", [{"id": "z0", "seed": 300}])
+    store = Path(cluster.config.hosts["host-b"].storage.latents)
+    before = set(store.rglob("*.h3latent"))
+    run_id = submit(cluster, batch)
+    damaged: list[Path] = []
+
+    def damage_new_latent() -> bool:
+        for path in set(store.rglob("*.h3latent")) - before:
+            data = bytearray(path.read_bytes())
+            data[-1] ^= 0xFF
+            path.write_bytes(bytes(data))
+            damaged.append(path)
+            return True
+        return False
+
+    wait_until(damage_new_latent, 180, "the latent to reach the decoder", every=0.02)
+    res = h3(cluster, "wait", run_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    rec = manifest.clips["z0"]
+    assert rec.state == "delivered" and damaged[0].name == f"{rec.latent_sha256}.h3latent"
+    assert cluster.invocations("transfer", "z0") == 2
+    assert cluster.invocations("decode", "z0") == 1
+
+
+def test_bad_input_is_refused_before_anything_starts(cluster: Cluster, tmp_path: Path) -> None:
+    batch = write_batch(tmp_path / "dupe.json", [{"id": "d"}, {"id": "d"}])
+    res = h3(cluster, "run", str(batch), "--background")
+    assert res.returncode == 2 and "duplicate clip id 'd'" in res.stderr and "Traceback" not in res.stderr
+    missing = write_batch(tmp_path / "missing.json", [{"id": "m", "image": "nope.png"}])
+    res = h3(cluster, "run", str(missing))
+    assert res.returncode == 2 and "does not exist" in res.stderr
+    res = h3(cluster, "wait", "no-such-run")
+    assert res.returncode == 2 and "unknown run id 'no-such-run'" in res.stderr
+    runs = list(Path(cluster.config.runs_dir).glob("dupe-*")) + list(Path(cluster.config.runs_dir).glob("missing-*"))
+    assert runs == []

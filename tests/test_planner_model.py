@@ -1,0 +1,149 @@
+"""The planner's parts: profile lookups and scaling, resources, the policy API, bounds, live plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from h3flow.adapt import adapt
+from h3flow.batch import Clip
+from h3flow.config import load_host_map
+from h3flow.errors import ConfigError
+from h3flow.manifest import new_manifest
+from h3flow.planner import (
+    EarliestFinish,
+    PlanClip,
+    Planner,
+    Resources,
+    RoundRobin,
+    State,
+    load_profile,
+    lower_bound,
+    make_policy,
+    simulate,
+)
+from h3flow.planner import live
+from h3flow.planner.search import build, partitions, topology_names
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_MAP = load_host_map(ROOT / "examples" / "host-map.example.json")
+PROFILE = load_profile()
+
+
+def planner_for(topology: str) -> Planner:
+    return Planner(PROFILE, Resources.from_config(adapt(HOST_MAP, topology), PROFILE.encoder_vram_gb))
+
+
+# --------------------------------------------------------------------------- profile
+def test_amdahl_fills_in_degrees_the_profile_does_not_list() -> None:
+    f, how = PROFILE.serial_fraction("T10")
+    assert f == pytest.approx(0.1948, abs=5e-4) and "degrees 4 and 8" in how
+    listed = PROFILE.sample("T10", 4, "sd", "test")
+    assert listed.seconds == 76.61 and listed.modelled is None
+    two = PROFILE.sample("T10", 2, "sd", "test")
+    # S(d) = S1 (f + (1-f)/d): from S(4) = 76.61 -> S1 = 76.61 / (f + (1-f)/4)
+    s1 = 76.61 / (f + (1 - f) / 4)
+    assert two.seconds == pytest.approx(s1 * (f + (1 - f) / 2), rel=1e-9) and "Amdahl" in two.modelled
+    assert 76.61 < two.seconds < 2 * 76.61  # sub-linear: two cards lose less than half the speed
+    eight_hd = PROFILE.sample("T10", 8, "hd", "test")
+    assert eight_hd.seconds < 235.34 and eight_hd.modelled
+
+
+def test_longer_clips_and_slower_links_take_longer() -> None:
+    planner = planner_for("four_four_plus_one")
+    a0 = planner.resources.pool("a0")
+    five, ten = PlanClip.make("x", "sd", 5), PlanClip.make("y", "sd", 10)
+    t5, t10 = planner.sampler_times(five, a0), planner.sampler_times(ten, a0)
+    assert t10.encode == t5.encode  # one prompt, one image: encoding does not scale
+    assert t10.sample / t5.sample == pytest.approx(72 / 37)  # latent frames of 10 s (243 frames) / 5 s (124)
+    link = planner.resources.links[0]
+    slow = type(link)(link.name, link.source, link.target, gbit_s=0.1)
+    assert planner.transfer_time(five, link) == pytest.approx(0.69 + 13 * 8 / 10_000)
+    assert planner.transfer_time(five, slow) == pytest.approx(0.69 + 13 * 8 / 100)
+
+
+# --------------------------------------------------------------------------- resources
+def test_pools_that_cannot_hold_the_encoder_borrow_one_that_can() -> None:
+    xtx = planner_for("four_four_xtx_plus_one").resources
+    assert {p.name: p.encoder for p in xtx.samplers} == {"a0": "a0", "a1": "a1", "xtx": "a0"}
+    mixed = planner_for("4+2+2").resources
+    assert {p.name: (p.degree, p.encoder) for p in mixed.samplers} == {"a0": (4, "a0"), "a1": (2, "a0"), "a2": (2, "a0")}
+    with pytest.raises(ConfigError, match="no pool can hold the text encoder"):
+        planner_for("2+2")
+
+
+def test_search_enumerates_partitions_and_rejects_unknown_names() -> None:
+    assert (4, 2, 2) in partitions(8) and (8,) in partitions(8) and all(sum(p) <= 8 for p in partitions(8))
+    assert len(partitions(8)) == 35
+    names = topology_names(HOST_MAP, "search")
+    assert "4+2+2+xtx" in names and "8" in names and len(names) == 70
+    assert build(HOST_MAP, "4+4", PROFILE).name == "four_four_plus_one"
+    with pytest.raises(ConfigError, match="unknown topology"):
+        topology_names(HOST_MAP, "four_by_four")
+
+
+# --------------------------------------------------------------------------- the policy API
+def test_earliest_finish_uses_the_live_state() -> None:
+    planner = planner_for("four_four_xtx_plus_one")
+    policy = make_policy("earliest-finish", planner)
+    clip = PlanClip.make("c", "hd")
+    assert policy.choose_pool(clip, State()) == "xtx"  # the XTX samples HD fastest
+    assert policy.choose_pool(clip, State(gone={"xtx"})) == "a0"
+    busy = {"a0": 300.0, "a1": 0.0, "xtx": 400.0}
+    assert policy.choose_pool(clip, State(busy_until=busy)) == "a1"
+    assert policy.choose_pool(clip, State(busy_until=busy, full={"a1"})) is None  # wait: a1 is still best
+    slow = {("a1", "sample", "hd"): 2000.0}  # a1 was measured far slower than its profile
+    assert policy.choose_pool(clip, State(busy_until=busy, measured=slow)) == "a0"
+    with pytest.raises(ConfigError, match="every sampler pool is gone"):
+        policy.choose_pool(clip, State(gone={"a0", "a1", "xtx"}))
+
+
+def test_round_robin_takes_turns_skips_gone_pools_and_waits_for_a_full_one() -> None:
+    policy = RoundRobin(planner_for("four_four_xtx_plus_one"))
+    clip = PlanClip.make("c")
+    assert [policy.choose_pool(clip, State()) for _ in range(4)] == ["a0", "a1", "xtx", "a0"]
+    assert policy.choose_pool(clip, State(full={"a1"})) is None
+    assert policy.choose_pool(clip, State(gone={"a1"})) == "xtx"
+
+
+def test_a_simulation_accepts_a_batch_of_real_clips() -> None:
+    planner = planner_for("four_four_plus_one")
+    clips = [Clip(id=f"k{i}", prompt="p", image=Path("x.png"), spec="sd") for i in range(4)]
+    schedule = simulate(clips, planner, EarliestFinish(planner))
+    assert sorted(schedule.pool_of.values()) == ["a0", "a0", "a1", "a1"]
+    with pytest.raises(ConfigError, match="unique"):
+        simulate(clips + clips[:1], planner, EarliestFinish(planner))
+
+
+# --------------------------------------------------------------------------- bounds
+def test_the_lower_bound_is_the_issues_formula_for_identical_clips() -> None:
+    planner = planner_for("four_four_plus_one")
+    clips = [PlanClip.make(f"c{i}", "sd") for i in range(6)]
+    t = planner.sampler_times(clips[0], planner.resources.pool("a0"))
+    s, transfer = t.total, planner.transfer_time(clips[0], planner.resources.links[0])
+    d = sum(planner.decoder_times(clips[0], planner.resources.decoders[0]))
+    t_star = 3 * s  # two pools: the earliest t with floor(t/S) + floor(t/S) >= 6
+    want = max(t_star + transfer + d, s + transfer + 6 * d)
+    bound = lower_bound(planner, clips)
+    assert bound.seconds == pytest.approx(want) and bound.binding == "sampling"
+    assert bound.clips_per_hour == pytest.approx(3600 * min(2 / s, 1 / d))
+    many = [PlanClip.make(f"c{i}", "sd") for i in range(400)]
+    assert lower_bound(planner, many).seconds >= 200 * s
+
+
+# --------------------------------------------------------------------------- live runs
+def test_a_live_run_gets_its_planned_stage_times_and_makespan(monkeypatch: pytest.MonkeyPatch) -> None:
+    published = []
+    monkeypatch.setattr(live, "_artifact", lambda run_id, schedule: published.append((run_id, schedule)))
+    config = adapt(HOST_MAP, "four_four_plus_one")
+    clips = [Clip(id=f"k{i}", prompt="p", image=Path("x.png"), spec="sd") for i in range(6)]
+    manifest = new_manifest("run-1", "demo", clips, "local.json")
+    schedule = live.plan_for_manifest(manifest, config)
+    assert manifest.planned_makespan == pytest.approx(296.9, rel=0.005)
+    rec = manifest.clips["k0"]
+    assert set(rec.planned) == {"encode", "offload", "sample", "transfer", "decode"}
+    assert rec.planned["encode"] == pytest.approx(13.06) and rec.planned["decode"] == pytest.approx(11.8)
+    assert published and published[0][1] is schedule
+    tiny = new_manifest("run-2", "demo", [clips[0].model_copy(update={"spec": "tiny"})], "local.json")
+    assert live.plan_for_manifest(tiny, config) is None and tiny.planned_makespan is None

@@ -1,0 +1,159 @@
+"""Property tests: every simulated schedule passes the independent validator, no schedule
+beats the lower bound, and the planner's policy never loses to the design's round-robin."""
+
+from __future__ import annotations
+
+import copy
+import random
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from h3flow.config import load_host_map
+from h3flow.planner import (
+    BestOf,
+    EarliestFinish,
+    PlanClip,
+    Planner,
+    RoundRobin,
+    StageRun,
+    lower_bound,
+    parse_profile,
+    simulate,
+    validate,
+)
+from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
+from h3flow.planner.search import build
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_MAP = load_host_map(ROOT / "examples" / "host-map.example.json")
+PROFILE = load_profile()
+TOPOLOGIES = [
+    "four_plus_one", "four_xtx_plus_one", "eight_plus_one", "eight_xtx_plus_one",
+    "four_four_plus_one", "four_four_xtx_plus_one", "4+2+2+xtx", "4+2",
+]
+PLANNERS = {t: Planner(PROFILE, build(HOST_MAP, t, PROFILE).resources) for t in TOPOLOGIES}
+
+clip_kinds = st.tuples(st.sampled_from(["sd", "hd"]), st.sampled_from([1.0, 2.0, 5.0, 5.0, 8.0, 12.0]))
+batches = st.lists(clip_kinds, min_size=1, max_size=12).map(
+    lambda kinds: [PlanClip.make(f"c{i:02d}", spec, seconds) for i, (spec, seconds) in enumerate(kinds)]
+)
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(clips=batches, topology=st.sampled_from(TOPOLOGIES), policy=st.sampled_from([RoundRobin, EarliestFinish, BestOf]))
+def test_every_schedule_is_valid_and_no_faster_than_the_lower_bound(clips, topology, policy) -> None:  # noqa: ANN001
+    planner = PLANNERS[topology]
+    schedule = simulate(clips, planner, policy(planner))
+    assert validate(schedule, planner, clips) == []
+    assert schedule.makespan >= lower_bound(planner, clips).seconds - 1e-6
+
+
+@FAST
+@given(clips=batches, topology=st.sampled_from(TOPOLOGIES))
+def test_the_planners_policy_is_never_worse_than_the_designs(clips, topology) -> None:  # noqa: ANN001
+    planner = PLANNERS[topology]
+    design = simulate(clips, planner, RoundRobin(planner)).makespan
+    assert simulate(clips, planner, BestOf(planner)).makespan <= design + 1e-9
+
+
+def _random_profile(rng: random.Random) -> object:
+    """The shipped profile with every time scaled by its own random factor (0.05x .. 20x)."""
+    raw = tomllib.loads(DEFAULT_PROFILE.read_text())
+
+    def scale(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: scale(v) for k, v in node.items()}
+        if isinstance(node, float) and not isinstance(node, bool):
+            return node * rng.uniform(0.05, 20)
+        return node
+
+    out = copy.deepcopy(raw)
+    out["gpu"] = scale(raw["gpu"])
+    out["handoff"] = scale(raw["handoff"])
+    out["transfer"] = scale(raw["transfer"])
+    return out
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), clips=batches, topology=st.sampled_from(TOPOLOGIES))
+def test_schedules_stay_valid_and_bounded_under_random_profiles(seed, clips, topology) -> None:  # noqa: ANN001
+    profile = parse_profile(_random_profile(random.Random(seed)))
+    planner = Planner(profile, build(HOST_MAP, topology, profile).resources)
+    for policy in (RoundRobin(planner), EarliestFinish(planner)):
+        schedule = simulate(clips, planner, policy)
+        assert validate(schedule, planner, clips) == []
+        assert schedule.makespan >= lower_bound(planner, clips).seconds - 1e-6
+
+
+def test_earliest_finish_beats_round_robin_on_a_mixed_batch() -> None:
+    planner = PLANNERS["four_four_xtx_plus_one"]
+    kinds = [("hd", 5.0), ("sd", 5.0), ("sd", 2.0), ("hd", 8.0), ("sd", 5.0), ("hd", 2.0), ("sd", 8.0), ("hd", 5.0)]
+    clips = [PlanClip.make(f"m{i}", spec, s) for i, (spec, s) in enumerate(kinds)]
+    design = simulate(clips, planner, RoundRobin(planner)).makespan
+    better = simulate(clips, planner, EarliestFinish(planner)).makespan
+    assert better < design * 0.9  # more than 10% sooner (docs/planner.md has the figures)
+
+
+def test_on_seeded_random_mixed_batches_the_planner_wins_often_and_never_loses() -> None:
+    rng = random.Random(7)
+    wins = losses = 0
+    for _ in range(40):
+        clips = [
+            PlanClip.make(f"r{i}", rng.choice(["sd", "hd"]), rng.choice([2.0, 5.0, 8.0]))
+            for i in range(rng.randint(4, 16))
+        ]
+        planner = PLANNERS[rng.choice(["four_four_xtx_plus_one", "eight_xtx_plus_one", "4+2+2+xtx"])]
+        design = simulate(clips, planner, RoundRobin(planner)).makespan
+        best = simulate(clips, planner, BestOf(planner)).makespan
+        wins += best < design - 1e-6
+        losses += best > design + 1e-9
+    assert losses == 0
+    assert wins >= 20
+
+
+# --------------------------------------------------------------------------- the validator can fail
+@pytest.fixture(scope="module")
+def good():  # noqa: ANN201
+    planner = PLANNERS["four_four_xtx_plus_one"]
+    clips = [PlanClip.make(f"v{i}", "sd") for i in range(5)]
+    schedule = simulate(clips, planner, RoundRobin(planner))
+    assert validate(schedule, planner, clips) == []
+    return planner, clips, schedule
+
+
+def _with(schedule, index: int, run: StageRun):  # noqa: ANN001, ANN202
+    runs = list(schedule.runs)
+    runs[index] = run
+    return replace(schedule, runs=runs)
+
+
+def test_the_validator_catches_a_stage_shorter_than_its_profile_time(good) -> None:  # noqa: ANN001
+    planner, clips, schedule = good
+    i = next(i for i, r in enumerate(schedule.runs) if r.stage == "sample")
+    r = schedule.runs[i]
+    problems = validate(_with(schedule, i, replace(r, end=r.end - 5)), planner, clips)
+    assert any("sample took" in p and "less than its profile time" in p for p in problems)
+
+
+def test_the_validator_catches_overlap_and_broken_precedence(good) -> None:  # noqa: ANN001
+    planner, clips, schedule = good
+    decodes = [i for i, r in enumerate(schedule.runs) if r.stage == "decode"]
+    a, b = schedule.runs[decodes[0]], schedule.runs[decodes[1]]
+    moved = replace(b, start=a.start, end=a.start + (b.end - b.start))  # two decodes at once
+    problems = validate(_with(schedule, decodes[1], moved), planner, clips)
+    assert any("overlaps" in p for p in problems)
+    assert any("decode starts" in p or "mux starts" in p for p in problems)
+
+
+def test_the_validator_catches_a_stage_on_the_wrong_resource_and_a_missing_clip(good) -> None:  # noqa: ANN001
+    planner, clips, schedule = good
+    i = next(i for i, r in enumerate(schedule.runs) if r.stage == "encode" and schedule.pool_of[r.clip] == "xtx")
+    wrong = replace(schedule.runs[i], resource="a1")
+    assert any("encode on 'a1', want 'a0'" in p for p in validate(_with(schedule, i, wrong), planner, clips))
+    assert any("clips scheduled" in p for p in validate(schedule, planner, clips + [PlanClip.make("ghost")]))
