@@ -125,10 +125,11 @@ class Model(Strict):
     """What runs: MiniMax H3 through ComfyUI, or the reference model (embedded default)."""
 
     kind: Literal["h3", "reference"] = "h3"
-    text_encoder: str = "qwen3vl_32b_minimax_h3.safetensors"
-    dit: str = "minimax_h3_dit_int8.safetensors"
-    lora: str | None = "minimax_h3_turbo_lora.safetensors"
+    text_encoder: str = "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"
+    dit: str = "minimax_h3_fl2va_pruned_int8_convrot.safetensors"
+    lora: str | None = "minimax_h3_fl2v_lightx2v_turbo_4step_v0.1_comfy.safetensors"
     vae: str = "minimax_h3_video_vae_int8_convrot.safetensors"
+    audio_vae: str = "minimax_h3_audio_vae_fp32.safetensors"
     dit_vram_gb: Annotated[float, Field(ge=0)] = 20.0
     vae_vram_gb: Annotated[float, Field(ge=0)] = 6.0
     steps: Annotated[int, Field(ge=1, le=100)] = 6

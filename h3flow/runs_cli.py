@@ -9,6 +9,7 @@ redoes only what the stores do not already hold.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from rich.table import Table
 from h3flow.batch import load_batch
 from h3flow.config import LocalConfig, load_local_config
 from h3flow.errors import ConfigError, H3FlowError
-from h3flow.manifest import Manifest, load_manifest, new_manifest, new_run_id, save_manifest
+from h3flow.fsutil import atomic_write_json
+from h3flow.manifest import Manifest, load_manifest, new_manifest, new_run_id, run_dir, save_manifest
 from h3flow.report import summary
 
 console = Console(highlight=False)
@@ -49,14 +51,17 @@ def submit(config: LocalConfig, config_path: Path, manifest: Manifest, batch_fil
     """Start the dispatcher as a run of the ``batch/run`` deployment; returns its flow run id."""
     from prefect.deployments import run_deployment
 
+    from h3flow.prefect_api import prefect_api
+
     try:
-        run = run_deployment(
+        with prefect_api(config):
+            run = run_deployment(
             "batch/run",
-            parameters={"batch": batch_file, "run_id": manifest.run_id, "config_path": str(config_path.resolve())},
-            timeout=0,
-            as_subflow=False,
-            flow_run_name=manifest.run_id,
-        )
+                parameters={"batch": batch_file, "run_id": manifest.run_id, "config_path": str(config_path.resolve())},
+                timeout=0,
+                as_subflow=False,
+                flow_run_name=manifest.run_id,
+            )
     except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
         raise H3FlowError(f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)") from None
     return str(run.id)
@@ -67,8 +72,20 @@ def start_run(batch_file: Path, config_path: Path) -> Manifest:
     batch = load_batch(batch_file)
     manifest = new_manifest(new_run_id(batch.name), batch.name, batch.clips, str(config_path.resolve()))
     save_manifest(config.runs_dir, manifest)
-    submit(config, config_path, manifest, str(batch_file.resolve()))
+    record_dispatcher(config, manifest, submit(config, config_path, manifest, str(batch_file.resolve())))
     return manifest
+
+
+def submitted_path(config: LocalConfig, run_id: str) -> Path:
+    return run_dir(config.runs_dir, run_id) / "dispatchers.json"
+
+
+def record_dispatcher(config: LocalConfig, manifest: Manifest, flow_run_id: str) -> None:
+    """Note the dispatcher's flow run at once (beside the manifest, which only the
+    dispatcher writes), so `wait` can tell if it dies before it ever starts."""
+    path = submitted_path(config, manifest.run_id)
+    ids = json.loads(path.read_text()) if path.exists() else []
+    atomic_write_json(path, [*ids, flow_run_id])
 
 
 def resume(run_id: str, config_path: Path) -> Manifest:
@@ -89,21 +106,25 @@ def resume(run_id: str, config_path: Path) -> Manifest:
             rec.state, rec.error, rec.attempts = "pending", None, 0
     manifest.state = "pending"
     save_manifest(config.runs_dir, manifest)
-    submit(config, config_path, manifest, None)
+    record_dispatcher(config, manifest, submit(config, config_path, manifest, None))
     return manifest
 
 
-def dispatcher_state(manifest: Manifest) -> tuple[str, str | None] | None:
+def dispatcher_state(config: LocalConfig, manifest: Manifest) -> tuple[str, str | None] | None:
     """The state of the newest dispatcher flow run, or None when Prefect can't tell."""
-    if not manifest.flow_run_ids:
+    path = submitted_path(config, manifest.run_id)
+    ids = json.loads(path.read_text()) if path.exists() else manifest.flow_run_ids
+    if not ids:
         return None
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
+    from h3flow.prefect_api import prefect_api
+
     try:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(UUID(manifest.flow_run_ids[-1]))
+        with prefect_api(config), get_client(sync_client=True) as client:
+            run = client.read_flow_run(UUID(ids[-1]))
     except Exception:  # noqa: BLE001 - the server may be down; the manifest still speaks
         return None
     return (run.state_type.value if run.state_type else "PENDING", run.state.message if run.state else None)
@@ -128,7 +149,7 @@ def wait(run_id: str, config_path: Path, timeout: float | None = None) -> Manife
                 break
             if time.monotonic() - checked > 5:
                 checked = time.monotonic()
-                got = dispatcher_state(manifest)
+                got = dispatcher_state(config, manifest)
                 if got and got[0] in ("FAILED", "CRASHED", "CANCELLED"):
                     manifest.error = f"dispatcher {got[0].lower()}: {got[1] or ''}".strip()
                     break

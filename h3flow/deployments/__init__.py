@@ -77,6 +77,15 @@ def ensure_work_pools(config: LocalConfig) -> None:
 
 def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     """Create (or update) every work pool and deployment; write prefect.yaml beside local.json."""
+    from h3flow.prefect_api import prefect_api
+
+    with prefect_api(config):
+        names = _deploy_all(config, config_path)
+    write_prefect_yaml(config, config_path, Path(config_path).resolve().parent / "prefect.yaml")
+    return names
+
+
+def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     from prefect import Flow
     from prefect.client.schemas.schedules import CronSchedule
 
@@ -98,7 +107,6 @@ def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
                 ignore_warnings=True,
             )
         names.append(spec.full_name)
-    write_prefect_yaml(config, config_path, Path(config_path).resolve().parent / "prefect.yaml")
     return names
 
 

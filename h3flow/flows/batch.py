@@ -51,7 +51,7 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
     logger = get_run_logger()
     config = config_at(config_path)
     manifest = open_run(batch_file, run_id, config_path)
-    if flow_run.id:
+    if flow_run.id and str(flow_run.id) not in manifest.flow_run_ids:
         manifest.flow_run_ids.append(str(flow_run.id))
     total = len(manifest.clips)
     progress = create_progress_artifact(progress=0.0, description=f"h3flow run {manifest.run_id}: clips delivered")

@@ -57,12 +57,9 @@ def default_deploy(config: LocalConfig, config_path: Path) -> None:
     """Create the work pools and deployments (``h3flow.deployments.deploy_all``) on *this*
     config's server: the caller's own PREFECT_API_URL (or none: an ephemeral server) must
     not decide where they go."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from h3flow.deployments import deploy_all
 
-    with temporary_settings({PREFECT_API_URL: config.prefect.api_url}):
-        deploy_all(config, config_path)
+    deploy_all(config, config_path)
 
 
 # --------------------------------------------------------------------------- the building blocks

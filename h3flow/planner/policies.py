@@ -61,6 +61,8 @@ class Policy(Protocol):
 
 
 def _live(planner: Planner, state: State) -> list[str]:
+    if not state.gone:
+        return [p.name for p in planner.resources.samplers]
     pools = [p.name for p in planner.resources.samplers if p.name not in state.gone and p.encoder not in state.gone]
     if not pools:
         raise ConfigError("every sampler pool is gone: nothing can sample")

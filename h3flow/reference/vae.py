@@ -155,16 +155,17 @@ class Fp32Decoder:
         # pixel = 255 * (16 B^T z + 1) / 2, +0.5 so that truncation rounds.
         self.weight = (patch_basis().T * (SCALE * 255.0 / 2.0)).to(torch.float32).to(self.device)  # [768, 24]
         self.bias = 255.0 / 2.0 + 0.5
+        self._bias = torch.full((1,), self.bias, device=self.device)
 
     def matmul(self, z: torch.Tensor) -> torch.Tensor:
-        """``[M, 24]`` -> ``[M, 768]`` float32 (scaled to 0..255 + 0.5)."""
-        return z @ self.weight.T
+        """``[M, 24]`` -> ``[M, 768]`` float32 pixel values + 0.5 (bias included)."""
+        return torch.addmm(self._bias, z, self.weight.T)
 
     def decode(self, latent_frames: torch.Tensor) -> torch.Tensor:
         """``[N, 24, h, w]`` -> uint8 ``[N, 16h, 16w, 3]``."""
         n, _, h, w = latent_frames.shape
         z = latent_frames.to(self.device, torch.float32).permute(0, 2, 3, 1).reshape(n * h * w, VIDEO_CHANNELS)
-        out = self.matmul(z).add_(self.bias).clamp_(0.0, 255.0)
+        out = self.matmul(z).clamp_(0.0, 255.0)
         return patches_to_image(out.reshape(n, h, w, PATCH_DIM)).to(torch.uint8)
 
 
@@ -190,7 +191,7 @@ class Int8Decoder(Fp32Decoder):
 
     def matmul(self, z: torch.Tensor) -> torch.Tensor:
         if not self.int_mm:
-            return z @ self.weight.T
+            return torch.addmm(self._bias, z, self.weight.T)
         # Dynamic per-token activation quantisation, int8 x int8 -> int32, then rescale.
         a_scale = (z.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(1e-12)
         a_int8 = torch.round(z / a_scale).clamp_(-127, 127).to(torch.int8)
@@ -198,7 +199,7 @@ class Int8Decoder(Fp32Decoder):
         if rows <= 16:  # torch._int_mm needs more than 16 rows on CUDA
             a_int8 = torch.cat([a_int8, a_int8.new_zeros(17 - rows, a_int8.shape[1])])
         acc = torch._int_mm(a_int8, self._w_int8_t)[:rows]
-        return acc.to(torch.float32).mul_(a_scale).mul_(self._scale_row)
+        return acc.to(torch.float32).mul_(a_scale).mul_(self._scale_row).add_(self.bias)
 
 
 def make_decoder(int8: bool, device: str | torch.device = "cpu", *, int_mm: bool | None = None) -> Fp32Decoder:
