@@ -64,10 +64,11 @@ def main() -> None:
     ]:
         wall, cpu, (evals, rec) = timed(lambda clips=clips: plan_search(hm, profile, clips))
         feasible = sum(1 for e in evals if e.schedule)
-        verdict = "meets" if wall < 2.0 else "MISSES"
+        verdict = "meets" if cpu < 2.0 else "MISSES"  # CPU: this machine is shared, wall time is noisy
         print(
             f"  {label}: {wall:.3f} s wall, {cpu:.3f} s CPU over {feasible} feasible topologies "
-            f"({verdict} the 2 s goal; {cpu / max(c6, 1e-9):.0f}x the 6-clip plan's CPU for {len(clips) / 6:.0f}x the clips)"
+            f"({verdict} the 2 s goal; {cpu / max(c6, 1e-9):.0f}x the 6-clip plan's CPU "
+            f"for {len(clips) / 6:.0f}x the clips)"
         )
         print(f"    recommended: {rec.name}")
 
@@ -89,8 +90,9 @@ def main() -> None:
         for label, g in gains.items():
             better = [x for x in g if x > 1e-9]
             worse = [x for x in g if x < -1e-9]
+            median = statistics.median(better) if better else 0.0
             print(
-                f"  {name:24s} {label:16s} better on {len(better):3d}/{len(g)} (median {statistics.median(better) if better else 0:+.1%}, "
+                f"  {name:24s} {label:16s} better on {len(better):3d}/{len(g)} (median {median:+.1%}, "
                 f"max {max(better, default=0):+.1%}), worse on {len(worse):3d} (worst {min(worse, default=0):+.1%})"
             )
 

@@ -48,15 +48,18 @@ def decode_all(video: torch.Tensor, frames: int, decoder: Fp32Decoder) -> list[t
     return [chunk.cpu() for chunk in decode_video(video, frames, decoder)]
 
 
-def median_time(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
+def median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median wall time of each function, run in turn (a, b, c, a, b, c, ...) so that load
+    from other processes hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -65,7 +68,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--degree", type=int, default=1, help="Ulysses degree (processes / GPUs)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per decoder for the INT8/fp32 ratio")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per decoder for the INT8/fp32 ratio")
     args = parser.parse_args()
 
     clip = Clip(id="bench", prompt="slow pan right over the lake, calm evening", image=ROOT / "examples/images/landscape.png",
@@ -90,16 +93,19 @@ def main() -> None:
         print(f"{'total':<24} {total:8.3f} s   ({mp4.size / 1e6:.2f} MB MP4)")
 
         fp32 = Fp32Decoder(args.device)
-        t_fp32 = median_time(lambda: decode_all(latent.video, clip.frames, fp32), args.repeat)
-        t_int8 = median_time(lambda: decode_all(latent.video, clip.frames, int8), args.repeat)
         int_mm = Int8Decoder(args.device, int_mm=True)
-        t_int_mm = median_time(lambda: decode_all(latent.video, clip.frames, int_mm), args.repeat)
+        int8_name = f"INT8 ({'int_mm' if int8.int_mm else 'dequantised weights'})"
+        decoders = {"fp32": fp32, int8_name: int8, "INT8 (int_mm forced)": int_mm}
+        runs = {name: (lambda d=d: decode_all(latent.video, clip.frames, d)) for name, d in decoders.items()}
+        medians = median_times(runs, args.repeat)
         ref = torch.cat(decode_all(latent.video, clip.frames, fp32))
-        print(f"video decode fp32            {t_fp32:8.3f} s (median of {args.repeat})")
-        print(f"video decode INT8 ({'int_mm' if int8.int_mm else 'dequant'})     {t_int8:8.3f} s   "
-              f"INT8/fp32 time ratio {t_int8 / t_fp32:.2f}   PSNR vs fp32 {psnr(torch.cat(frames), ref):.1f} dB")
-        print(f"video decode INT8 (int_mm forced) {t_int_mm:8.3f} s   ratio {t_int_mm / t_fp32:.2f}   "
-              f"PSNR vs fp32 {psnr(torch.cat(decode_all(latent.video, clip.frames, int_mm)), ref):.1f} dB")
+        print(f"video decode, median of {args.repeat} interleaved runs:")
+        for name, decoder in decoders.items():
+            ratio = medians[name] / medians["fp32"]
+            line = f"  {name:<32} {medians[name]:7.3f} s   time / fp32 {ratio:.2f}"
+            if decoder is not fp32:
+                line += f"   PSNR vs fp32 {psnr(torch.cat(decode_all(latent.video, clip.frames, decoder)), ref):.1f} dB"
+            print(line)
 
 
 if __name__ == "__main__":

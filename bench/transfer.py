@@ -9,7 +9,8 @@ the raw copy's time to the method's (1.0 = as fast as the wire allows). The raw 
 connect + sendfile + one-byte acknowledgement to a sink that discards the bytes: the
 physical limit of the path, measured in the same run, interleaved with the method's
 runs so machine load hits both alike. "raw+disk" is the same copy written to a file and
-fsynced on arrival: what any durable receiver pays for the store's disk.
+fsynced on arrival: what any durable receiver pays for the store's disk; "tcp-ram" is
+the receiver with its store on tmpfs (/dev/shm): the protocol's cost without the disk.
 
 Paths: loopback (receiver and sshd in separate processes on 127.0.0.1) and, when this
 runs as root with network namespaces, a veth pair into a namespace shaped to 10 Gbit/s
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +45,7 @@ from h3flow.handoff.transfer import Destination, send  # noqa: E402
 from h3flow.specs import frames_for_seconds, get_spec  # noqa: E402
 
 SECRET = b"bench-secret-0123456789abcdef"
+MEMORY_DISK = "/dev/shm"  # tmpfs: fsync costs nothing there
 DELAY_MS = 0.15
 RATE = "10gbit"
 
@@ -99,6 +102,8 @@ class Bench:
         self.name, self.address, self.wrap, self.work, self.repeat = name, address, wrap, work, repeat
         self.processes: list[subprocess.Popen[str]] = []
         self.results: dict[tuple[str, str], tuple[float, float]] = {}  # (latent, method) -> (ms, raw ratio)
+        self.sshd: Any = None
+        self.stores: list[Path] = []
 
     def spawn(self, argv: list[str], pattern: str = "") -> str:
         """Start a server process; return the first stdout line that contains ``pattern``."""
@@ -112,20 +117,21 @@ class Bench:
         raise RuntimeError(f"{argv[:3]} exited before it was ready")
 
     def close(self) -> None:
+        if self.sshd is not None:
+            self.sshd.stop()
         for proc in self.processes:
             proc.terminate()
         for proc in self.processes:
             proc.wait(timeout=10)
+        for store in self.stores:
+            shutil.rmtree(store, ignore_errors=True)
 
     def run(self, latents: dict[str, FileRef], methods: list[str]) -> None:
         raw_port = int(self.spawn([sys.executable, "-c", SINK, self.address, "null", str(self.work)]))
         disk_port = int(self.spawn([sys.executable, "-c", SINK, self.address, "disk", str(self.work)]))
-        store = self.work / f"store-{self.name}"
-        line = self.spawn([sys.executable, "-m", "h3flow.cli", "receiver", "--store", str(store),
-                           "--bind", f"{self.address}:0", "--secret-env", "H3FLOW_BENCH_SECRET",
-                           "--min-free", "0"], "listening on")
-        tcp_port = int(line.split()[4].rsplit(":", 1)[1])
-        dests = {"tcp": Destination("tcp", self.name, self.address, tcp_port, None, store, SECRET)}
+        dests = {"tcp": self._receiver(self.work / f"store-{self.name}")}
+        if Path(MEMORY_DISK).is_dir():  # the same receiver with its store in RAM: the cost without the disk
+            dests["tcp-ram"] = self._receiver(Path(MEMORY_DISK) / f"{self.work.name}-{self.name}")
         if "local" in methods:
             dests["local"] = Destination("local", self.name, "", 0, None, self.work / "store-local", None)
         if "sftp" in methods:
@@ -159,6 +165,14 @@ class Bench:
                       f"{durable / ms:>16.2f}")
                 self.results[(spec_name, method)] = (ms, base / ms)
             sys.stdout.flush()
+
+    def _receiver(self, store: Path) -> Destination:
+        line = self.spawn([sys.executable, "-m", "h3flow.cli", "receiver", "--store", str(store),
+                           "--bind", f"{self.address}:0", "--secret-env", "H3FLOW_BENCH_SECRET",
+                           "--min-free", "0"], "listening on")
+        self.stores.append(store)
+        port = int(line.split()[4].rsplit(":", 1)[1])
+        return Destination("tcp", self.name, self.address, port, None, store, SECRET)
 
     def _time(self, action: Callable[[], None], reset: Callable[[], object] | None = None,
               interleave: Callable[[], None] | None = None, interleaved: list[float] | None = None) -> list[float]:
@@ -219,7 +233,7 @@ class ShapedLink:
                                       "delay", f"{DELAY_MS}ms"], capture_output=True, text=True)
             parent = ["parent", "1:1"] if delayed.returncode == 0 else ["root"]
             subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", RATE,
-                            "burst", "8mb", "latency", "10ms"], check=True, capture_output=True, text=True)
+                            "burst", "256kb", "latency", "5ms"], check=True, capture_output=True, text=True)
             if delayed.returncode != 0 and not self.notes:
                 self.notes.append(f"netem unavailable ({delayed.stderr.strip()}): shaped to {RATE} without the "
                                   f"{DELAY_MS} ms delay; each extra round trip would add {2 * DELAY_MS:.2f} ms")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from h3flow.config import (
     Gpu,
@@ -21,6 +22,7 @@ from h3flow.config import (
     ResolvedHost,
     ResolvedStorage,
     Route,
+    Schedule,
     SecretSource,
     Storage,
     Transfer,
@@ -236,11 +238,15 @@ def free_port_block(base: int, count: int) -> int:
     raise ConfigError(f"no {count} consecutive free ports from {base}")
 
 
-def local_host_map(work_dir: Path, base_port: int = 14200, venv: str | None = None) -> HostMap:
+def local_host_map(
+    work_dir: Path, base_port: int = 14200, venv: str | None = None, engine: Literal["local", "comfy"] = "local"
+) -> HostMap:
     """The embedded default: every host is this machine, on loopback, under ``work_dir``.
 
     Host A has two CPU "devices" (two degree-1 sampler pools, like four_four_plus_one
-    in miniature); host B decodes. The reference model stands in for H3.
+    in miniature); host B decodes. The reference model stands in for H3: in-process
+    (``engine="local"``) or in one real local ComfyUI per pool (``"comfy"``, on the
+    pool's comfy_port; `h3flow start --local` installs and starts them).
     """
     import sys
 
@@ -265,9 +271,12 @@ def local_host_map(work_dir: Path, base_port: int = 14200, venv: str | None = No
         )
 
     return HostMap(
-        engine="local",
+        engine=engine,
         topology="one_one_plus_one",
-        prefect=PrefectSettings(api_url=f"http://127.0.0.1:{prefect_port}/api"),
+        prefect=PrefectSettings(
+            api_url=f"http://127.0.0.1:{prefect_port}/api",
+            schedule=Schedule(cron="0 3 * * *", timezone="UTC", inbox=str(wd / "inbox")),
+        ),
         model=Model(kind="reference", text_encoder="reference", dit="reference", lora=None, vae="reference-int8",
                     dit_vram_gb=0.1, vae_vram_gb=0.1),
         hosts=[

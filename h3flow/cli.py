@@ -71,11 +71,14 @@ def config_adapt(
     local: Annotated[bool, typer.Option("--local", help="The embedded default: every host is this machine.")] = False,
     workdir: Annotated[Path, typer.Option(help="Work dir for --local (stores, logs, Prefect home).")] = Path(".h3flow"),
     base_port: Annotated[int, typer.Option(help="First port tried for --local services.")] = 14200,
+    engine: Annotated[
+        Optional[str], typer.Option(help="--local: run the stages in-process (local) or in one local ComfyUI per pool (comfy).")
+    ] = None,
 ) -> None:
     """Step 2: validate host-map.json and resolve it into local.json."""
     from h3flow.config_cli import run_config_adapt
 
-    run_config_adapt(host_map, output, topology, check, local, workdir, base_port)
+    run_config_adapt(host_map, output, topology, check, local, workdir, base_port, engine)
 
 
 # --------------------------------------------------------------------------- plan (issue 3)
@@ -85,7 +88,9 @@ def plan(
     spec: Annotated[Optional[str], typer.Option(help="Plan --clips clips of this spec: sd | hd (default sd).")] = None,
     batch: Annotated[Optional[Path], typer.Option(help="Plan the clips of this batch file instead.")] = None,
     clips: Annotated[Optional[int], typer.Option(help="How many clips of --spec (default 6, the design's).")] = None,
-    topology: Annotated[str, typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition.")] = "all",
+    topology: Annotated[
+        str, typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition.")
+    ] = "all",
     profile: Annotated[Optional[Path], typer.Option(help="Stage-time profile TOML (default: the shipped one).")] = None,
     threshold: Annotated[float, typer.Option(help="Extra hardware must add at least this share of clips/h.")] = 0.15,
     gantt: Annotated[Optional[Path], typer.Option(help="Write the recommended topology's Gantt chart here (PNG).")] = None,
@@ -296,14 +301,17 @@ _stub("calibrate", 6, "Fit the planner's profile from the measured stage duratio
 @operator_command
 def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Leave the services running afterwards.")] = False,
-    workdir: Annotated[Path, typer.Option(help="Where the stores, logs, runs and Prefect's database go.")] = Path(".h3flow"),
+    workdir: Annotated[
+        Optional[Path], typer.Option(help="Where the stores, logs, runs and Prefect's database go (.h3flow, or .h3flow-comfy).")
+    ] = None,
     base_port: Annotated[int, typer.Option(help="First port tried for the local services.")] = 14200,
     batch: Annotated[Optional[Path], typer.Option(help="Another batch file instead of the example.")] = None,
+    engine: Annotated[str, typer.Option(help="local: stages in-process; comfy: in one local ComfyUI per pool.")] = "local",
 ) -> None:
     """The embedded default end to end: local Prefect server, 6 clips, reference model, real MP4s."""
-    from h3flow.demo import DEMO_BATCH, run_demo
+    from h3flow.demo import DEMO_BATCH, default_workdir, run_demo
 
-    raise typer.Exit(run_demo(workdir, keep, base_port, batch or DEMO_BATCH))
+    raise typer.Exit(run_demo(workdir or default_workdir(engine), keep, base_port, batch or DEMO_BATCH, engine=engine))
 
 
 # --------------------------------------------------------------------------- ComfyUI (issue 7)

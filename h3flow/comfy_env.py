@@ -143,6 +143,11 @@ class ComfyInstall:
         return [str(self.python), str(self.launcher), str(self.tree), *args]
 
 
+def default_install() -> ComfyInstall:
+    """Where :func:`ensure_comfyui` installs by default (nothing is installed by asking)."""
+    return ComfyInstall(cache_dir() / "comfyui")
+
+
 def _wanted_stamp(repo: Path | None) -> dict[str, object]:
     return {
         "stamp": STAMP_VERSION,
@@ -225,7 +230,7 @@ def ensure_comfyui(
     ``repo`` is the h3flow checkout installed editable into ComfyUI's venv (so custom
     nodes import it); a different checkout only redoes that one step.
     """
-    install = ComfyInstall(Path(root) if root else cache_dir() / "comfyui")
+    install = ComfyInstall(Path(root)) if root else default_install()
     wanted = _wanted_stamp(repo)
     if _read_stamp(install) == wanted:
         return install
@@ -268,6 +273,19 @@ def prepare_base_dir(base: Path) -> Path:
     return base
 
 
+def server_args(host: str, port: int, base_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """main.py's arguments: CPU, one address and port, every folder (and its DB) under ``base_dir``."""
+    return [
+        "--cpu",
+        "--listen", host,
+        "--port", str(port),
+        "--base-directory", str(base_dir),
+        "--database-url", f"sqlite:///{Path(base_dir) / 'user' / 'comfyui.db'}",
+        "--disable-auto-launch",
+        *extra,
+    ]  # fmt: skip
+
+
 class ComfyServer:
     """One ComfyUI process on a loopback port, with its own base directory and log.
 
@@ -299,15 +317,7 @@ class ComfyServer:
         return f"http://{self.host}:{self.port}"
 
     def args(self) -> list[str]:
-        return [
-            "--cpu",
-            "--listen", self.host,
-            "--port", str(self.port),
-            "--base-directory", str(self.base_dir),
-            "--database-url", f"sqlite:///{self.base_dir / 'user' / 'comfyui.db'}",
-            "--disable-auto-launch",
-            *self.extra_args,
-        ]  # fmt: skip
+        return server_args(self.host, self.port, self.base_dir, self.extra_args)
 
     def start(self, timeout: float = 180.0) -> "ComfyServer":
         if self.proc is not None and self.proc.poll() is None:

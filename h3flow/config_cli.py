@@ -14,6 +14,7 @@ from h3flow.errors import ConfigError, H3FlowError
 from h3flow.fsutil import atomic_write_json
 
 console = Console(highlight=False)
+ENGINES = ("local", "comfy")
 
 
 def render(config: LocalConfig) -> dict[str, Any]:
@@ -48,14 +49,20 @@ def run_config_adapt(
     local: bool,
     workdir: Path,
     base_port: int,
+    engine: str | None = None,
 ) -> None:
+    if engine is not None and engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     if local:
         if host_map is not None:
             raise ConfigError("give either a host map or --local, not both")
-        config = adapt(local_host_map(workdir, base_port), topology, work_dir=str(workdir.resolve()))
+        hm = local_host_map(workdir, base_port, engine=engine or "local")  # type: ignore[arg-type]
+        config = adapt(hm, topology, work_dir=str(workdir.resolve()))
     else:
         if host_map is None:
             raise ConfigError("missing host map: h3flow config-adapt host-map.json (or --local)")
+        if engine is not None:
+            raise ConfigError("--engine goes with --local; a host map sets its own \"engine\"")
         config = adapt(load_host_map(host_map), topology)
     fresh = render(config)
     if check:
@@ -77,4 +84,4 @@ def run_config_adapt(
         return
     atomic_write_json(output, fresh)
     pools = ", ".join(f"{p.work_pool} ({p.role}, {len(p.gpus)}×{p.gpu_model})" for p in config.pools)
-    console.print(f"[green]✓[/] wrote {output}: topology {config.topology} — {pools}")
+    console.print(f"[green]✓[/] wrote {output}: topology {config.topology}, engine {config.engine} — {pools}")

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from h3flow.batch import Clip
 from h3flow.config import LocalConfig
 from h3flow.errors import H3FlowError
 from h3flow.fsutil import sha256_file
@@ -57,12 +58,44 @@ class LiveState:
         return sum(others) / len(others) if others else DEFAULT_SECONDS[kind]
 
 
-Chooser = Callable[[str, list[str], LiveState, float], str]
+Chooser = Callable[[Clip, list[str], LiveState, float], str]
 
 
-def earliest_finish(spec: str, pools: list[str], state: LiveState, now: float) -> str:
+def earliest_finish(clip: Clip, pools: list[str], state: LiveState, now: float) -> str:
     """The pool that would finish this clip first, from the durations measured so far."""
-    return min(pools, key=lambda p: (max(state.busy_until.get(p, now), now) + state.estimate(p, spec, "sample"), p))
+    return min(pools, key=lambda p: (max(state.busy_until.get(p, now), now) + state.estimate(p, clip.spec, "sample"), p))
+
+
+def planner_chooser(config: LocalConfig) -> Chooser:
+    """The planner's earliest-finish policy on the live state (profile times until measured ones exist).
+
+    Falls back to :func:`earliest_finish` on measured times alone when the profile does
+    not cover this cluster's devices.
+    """
+    from h3flow.planner import Planner, Resources, State, load_profile, make_policy
+
+    try:
+        profile = load_profile()
+        planner = Planner(profile, Resources.from_config(config, profile.encoder_vram_gb))
+    except H3FlowError:
+        return earliest_finish
+    policy = make_policy("earliest-finish", planner)
+    samplers = {p.name for p in config.samplers}
+
+    def choose(clip: Clip, free: list[str], live: LiveState, now: float) -> str:
+        state = State(
+            busy_until={name: max(0.0, t - now) for name, t in live.busy_until.items()},
+            gone=set(live.gone),
+            full=samplers - set(free),
+            measured={(pool, "sample", spec): sum(v) / len(v) for (pool, spec), v in live.measured.items()},
+        )
+        try:
+            chosen = policy.choose_pool(clip, state)
+        except H3FlowError:
+            chosen = None
+        return chosen if chosen in free else earliest_finish(clip, free, live, now)
+
+    return choose
 
 
 class Dispatcher:
@@ -135,7 +168,7 @@ class Dispatcher:
             if not free or not self.live_pools("decode"):
                 break
             now = time.time()
-            pool = self.choose(rec.clip.spec, free, self.state, now)
+            pool = self.choose(rec.clip, free, self.state, now)
             decoder = self.pick_decoder()
             rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
             rec.attempts += 1

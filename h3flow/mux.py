@@ -129,7 +129,7 @@ def mux_mp4(
                     frame.pts = count
                     container.mux(video.encode(frame))
                     count += 1
-                feed.until(count * per_frame)  # keep the streams interleaved
+                    feed.until(count * per_frame)  # interleave per frame: the bytes do not depend on chunking
             container.mux(video.encode())
             feed.until(count * per_frame, final=True)
             container.mux(audio.encode())

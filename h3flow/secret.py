@@ -23,6 +23,8 @@ def load_secret(source: SecretSource) -> bytes:
             value = path.read_text().strip()
         except OSError as exc:
             raise ConfigError(f"transfer secret: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"transfer secret: {path} is not text") from None
         if not value:
             raise ConfigError(f"transfer secret: {path} is empty")
         return value.encode()

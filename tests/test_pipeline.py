@@ -152,3 +152,22 @@ def test_bad_input_is_refused_before_anything_starts(cluster: Cluster, tmp_path:
     assert res.returncode == 2 and "unknown run id 'no-such-run'" in res.stderr
     runs = list(Path(cluster.config.runs_dir).glob("dupe-*")) + list(Path(cluster.config.runs_dir).glob("missing-*"))
     assert runs == []
+
+
+def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluster: Cluster, tmp_path: Path) -> None:
+    inbox = Path(cluster.config.prefect.schedule.inbox)
+    inbox.mkdir(parents=True, exist_ok=True)
+    write_batch(inbox / "good.json", [{"id": "i0", "seed": 400}])
+    (inbox / "broken.json").write_text("{not json")
+    env = {**os.environ, **cluster.env()}
+    res = subprocess.run(
+        [str(Path(sys.prefix) / "bin" / "prefect"), "deployment", "run", "batch/inbox", "--watch"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    done = list((inbox / "done").glob("good.*.json"))
+    failed = list((inbox / "failed").glob("broken.*.json"))
+    assert len(done) == 1 and len(failed) == 1 and not list(inbox.glob("*.json"))
+    run_id = done[0].name.removeprefix("good.").removesuffix(".json")
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert manifest.state == "completed" and manifest.clips["i0"].state == "delivered"

@@ -112,10 +112,17 @@ def test_a_batch_file_and_a_local_json_are_planned(tmp_path: Path) -> None:
         (["--spec", "sd", "--batch", "b.json"], ["--spec or --batch"]),
         (["--policy", "fastest"], ["unknown policy 'fastest'"]),
         (["--clips", "0"], ["at least 1"]),
+        (["--gantt", "plan.svg"], ["name the file *.png"]),
+        (["--threshold", "-0.1"], ["not a fraction"]),
     ],
 )
 def test_bad_options_are_one_line_errors(args: list[str], needles: list[str]) -> None:
     one_line_error(plan("--host-map", EXAMPLE, *args), *needles)
+
+
+def test_an_unwritable_gantt_path_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    one_line_error(plan("--host-map", EXAMPLE, "--gantt", str(tmp_path / "file" / "plan.png")), "cannot write")
 
 
 def test_no_hardware_says_what_to_pass(tmp_path: Path) -> None:

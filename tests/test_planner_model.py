@@ -24,7 +24,7 @@ from h3flow.planner import (
     simulate,
 )
 from h3flow.planner import live
-from h3flow.planner.search import build, partitions, topology_names
+from h3flow.planner.search import build, candidates, partitions, topology_names
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_MAP = load_host_map(ROOT / "examples" / "host-map.example.json")
@@ -59,8 +59,8 @@ def test_longer_clips_and_slower_links_take_longer() -> None:
     assert t10.sample / t5.sample == pytest.approx(72 / 37)  # latent frames of 10 s (243 frames) / 5 s (124)
     link = planner.resources.links[0]
     slow = type(link)(link.name, link.source, link.target, gbit_s=0.1)
-    assert planner.transfer_time(five, link) == pytest.approx(0.69 + 13 * 8 / 10_000)
-    assert planner.transfer_time(five, slow) == pytest.approx(0.69 + 13 * 8 / 100)
+    assert planner.transfer_time(five, link) == pytest.approx(0.69 + 4.30 * 8 / 10_000)  # an SD latent is 4.30 MB
+    assert planner.transfer_time(five, slow) == pytest.approx(0.69 + 4.30 * 8 / 100)
 
 
 # --------------------------------------------------------------------------- resources
@@ -81,6 +81,33 @@ def test_search_enumerates_partitions_and_rejects_unknown_names() -> None:
     assert build(HOST_MAP, "4+4", PROFILE).name == "four_four_plus_one"
     with pytest.raises(ConfigError, match="unknown topology"):
         topology_names(HOST_MAP, "four_by_four")
+
+
+def test_search_tries_every_set_of_decoder_hosts() -> None:
+    second = HOST_MAP.hosts[2].model_copy(update={"name": "host-c", "address": "10.10.0.4"})
+    hm = HOST_MAP.model_copy(update={"hosts": [*HOST_MAP.hosts, second]})
+    found = {c.name: c.decoders for c in candidates(hm, "search", PROFILE) if c.canonical == "4+4" and c.feasible}
+    assert found == {
+        "four_four_plus_one@host-b": {"b"},
+        "four_four_plus_one@host-c": {"c"},
+        "four_four_plus_one": {"b", "c"},
+    }
+
+
+def test_a_gpu_model_the_profile_does_not_know_is_named() -> None:
+    hm = HOST_MAP
+    odd = hm.model_copy(update={"hosts": [h.model_copy(update={"gpus": [g.model_copy(update={"model": "T4"}) for g in h.gpus]}) if h.name == "host-a" else h for h in hm.hosts]})
+    planner = Planner(PROFILE, Resources.from_config(adapt(odd, "four_four_plus_one"), PROFILE.encoder_vram_gb))
+    with pytest.raises(ConfigError, match=r"no entry gpu\.T4 \(needed for pool a0"):
+        planner.check([PlanClip.make("c")])
+
+
+def test_the_embedded_default_has_a_cpu_profile() -> None:
+    from h3flow.adapt import local_host_map
+
+    config = adapt(local_host_map(Path("/tmp/h3flow-planner-test"), base_port=23400), "one_one_plus_one")
+    planner = Planner(PROFILE, Resources.from_config(config, PROFILE.encoder_vram_gb))
+    planner.check([PlanClip.make("c", "tiny")])
 
 
 # --------------------------------------------------------------------------- the policy API

@@ -31,6 +31,8 @@ P, Z = C.PAN_PER_SECOND, C.ZOOM_PER_SECOND
         ("the camera pulls back slowly", 0.0, 0.0, -Z / 2),
         ("fast push in while panning left", -2 * P, 0.0, 2 * Z),
         ("static shot of a lake, tripod", 0.0, 0.0, 0.0),
+        ("a still shot of the sun", 0.0, 0.0, 0.0),
+        ("pan left over a still lake", -P, 0.0, 0.0),
         ("a red ball on grass", 0.0, 0.0, Z / 2),  # no camera word: a slow push in
     ],
 )

@@ -76,7 +76,9 @@ def test_attention_block_is_a_small_real_residual() -> None:
     assert float((no_attn - target).abs().max()) > 0  # the seed jittered the camera speed
 
 
-@pytest.mark.parametrize(("prompt", "dim", "sign"), [("pan right", 1, -1), ("pan left", 1, 1), ("tilt down", 0, -1), ("tilt up", 0, 1)])
+@pytest.mark.parametrize(
+    ("prompt", "dim", "sign"), [("pan right", 1, -1), ("pan left", 1, 1), ("tilt down", 0, -1), ("tilt up", 0, 1)]
+)
 def test_camera_moves_the_picture(prompt: str, dim: int, sign: int) -> None:
     """The view moves with the camera, so the picture moves the other way (SD: 26 x 46 latent cells)."""
     c = encode_conditioning(prompt, IMAGE, get_spec("sd"), 124)

@@ -30,7 +30,9 @@ def sample(tmp_path: Path, spec: Spec, degree: int) -> tuple[torch.Tensor, torch
     return latent.video, latent.audio, latent.meta
 
 
-@pytest.mark.parametrize(("spec", "degree"), [(get_spec("tiny"), 2), (get_spec("tiny"), 4), (ODD, 2)], ids=["tiny-2", "tiny-4", "odd-2"])
+@pytest.mark.parametrize(
+    ("spec", "degree"), [(get_spec("tiny"), 2), (get_spec("tiny"), 4), (ODD, 2)], ids=["tiny-2", "tiny-4", "odd-2"]
+)
 def test_degree_n_matches_degree_one(tmp_path: Path, spec: Spec, degree: int) -> None:
     video1, audio1, _ = sample(tmp_path, spec, 1)
     video_n, audio_n, meta = sample(tmp_path, spec, degree)

@@ -32,7 +32,10 @@ def encode_clip(clip: Clip, *, encoder: PatchEncoder | None = None) -> Condition
     return encode_conditioning(clip.prompt, clip.image, clip.resolved_spec, clip.frames, encoder=encoder)
 
 
-def latent_meta(clip: Clip, conditioning_sha256: str, *, degree: int, config: DenoiserConfig = DenoiserConfig()) -> dict[str, str]:
+def latent_meta(
+    clip: Clip, conditioning_sha256: str, *, degree: int, config: DenoiserConfig = DenoiserConfig()
+) -> dict[str, str]:
+    """Provenance stored in the .h3latent (the format adds shapes, dtypes, producer, time)."""
     return {
         "clip_id": clip.id,
         "seed": str(clip.seed),
@@ -60,7 +63,8 @@ def sample_to_file(
     device: str = "cpu",
 ) -> FileRef:
     """Sample a conditioning file into an ``.h3latent`` at ``out_path`` (``degree`` processes)."""
-    run_parallel(degree, _sample_worker, (str(conditioning), conditioning_sha256, str(out_path), meta, seed, steps, frames), device=device)
+    args = (str(conditioning), conditioning_sha256, str(out_path), meta, seed, steps, frames)
+    run_parallel(degree, _sample_worker, args, device=device)
     out = Path(out_path)
     return FileRef(out, sha256_file(out), out.stat().st_size)
 
@@ -111,7 +115,9 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, *, degree: int = 1, int8_decode: bool = True, retain_cpu_weights: bool = True, device: str = "cpu") -> None:
+    def __init__(
+        self, *, degree: int = 1, int8_decode: bool = True, retain_cpu_weights: bool = True, device: str = "cpu"
+    ) -> None:
         check_degree(degree, DenoiserConfig().heads)
         self.degree = degree
         self.int8_decode = int8_decode

@@ -13,13 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from h3flow.batch import load_batch
-from h3flow.dispatch import Dispatcher, PrefectApi
+from h3flow.dispatch import Dispatcher, PrefectApi, planner_chooser
 from h3flow.flows.clip import config_path_or_env
 from h3flow.manifest import Manifest, load_manifest, manifest_path, new_manifest, new_run_id, save_manifest
 from h3flow.report import report_rows
+from h3flow.run_report import write_run_report
 from h3flow.tasks.stages import config_at
 
 
@@ -65,18 +71,32 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
 
     api = PrefectApi()
     try:
-        result = Dispatcher(config, config_path, manifest, api, on_change=on_change).run()
+        result = Dispatcher(config, config_path, manifest, api, choose=planner_chooser(config), on_change=on_change).run()
     finally:
         api.close()
+    paths = write_run_report(result, config)
     create_table_artifact(
         key=f"report-{artifact_key(result.run_id)}",
         table=report_rows(result),
         description=f"h3flow run {result.run_id}: planned vs actual per clip and stage",
     )
-    logger.info("run %s %s: %d/%d delivered", result.run_id, result.state, len(result.delivered), total)
+    logger.info("run %s %s: %d/%d delivered; report %s", result.run_id, result.state, len(result.delivered), total, paths["md"])
+    if "gantt" in paths:
+        create_markdown_artifact(
+            key=f"gantt-{artifact_key(result.run_id)}",
+            markdown=f"![Gantt chart of run {result.run_id}]({gantt_data_uri(paths['gantt'])})\n\n`{paths['gantt']}`",
+            description=f"h3flow run {result.run_id}: the run as executed",
+        )
     if result.state == "failed":
         raise RuntimeError(f"run {result.run_id} failed: {result.error or ', '.join(c.clip.id for c in result.failed)}")
     return {"run_id": result.run_id, "state": result.state, "delivered": len(result.delivered)}
+
+
+def gantt_data_uri(path: Path) -> str:
+    """The PNG inline, so the Prefect UI shows the chart without a file server."""
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
 def artifact_key(text: str) -> str:
@@ -86,12 +106,25 @@ def artifact_key(text: str) -> str:
 
 
 def plan_artifact(manifest: Manifest, config_path: str) -> None:
-    """The planner's prediction for this batch on this topology, as a table in the UI."""
-    try:
-        from h3flow.planner.live import plan_for_manifest
-    except ImportError:
+    """The planner's prediction for this batch on this topology: a table and a Gantt chart in the UI."""
+    from h3flow.manifest import run_dir
+    from h3flow.planner.gantt import draw
+    from h3flow.planner.live import plan_for_manifest
+    from h3flow.planner.profile import load_profile
+    from h3flow.planner.resources import Resources
+
+    config = config_at(config_path)
+    schedule = plan_for_manifest(manifest, config)
+    if schedule is None:
         return
-    plan_for_manifest(manifest, config_at(config_path))
+    resources = Resources.from_config(config, load_profile().encoder_vram_gb)
+    path = draw(schedule, resources, run_dir(config.runs_dir, manifest.run_id) / "plan-gantt.png",
+                f"plan for run {manifest.run_id} on {config.topology} ({schedule.makespan:.1f} s)")
+    create_markdown_artifact(
+        key=f"plan-gantt-{artifact_key(manifest.run_id)}",
+        markdown=f"![planned Gantt chart]({gantt_data_uri(path)})",
+        description=f"h3flow run {manifest.run_id}: the plan",
+    )
 
 
 def process_inbox(config_path: str) -> dict[str, Any]:

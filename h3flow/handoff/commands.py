@@ -63,7 +63,7 @@ def verify_latent(file: Path, sha256: str | None = None) -> None:
         sha256 = check_sha256(sha256.lower())
     latent = load_latent(file, expected_sha256=sha256)
     shapes = f"video {list(latent.video.shape)}" + (f" audio {list(latent.audio.shape)}" if latent.audio is not None else "")
-    console.print(f"ok {file} {shapes} sha256 {sha256 or sha256_file(file)}")
+    console.print(f"ok {file} {shapes} sha256 {sha256 or sha256_file(file)}", soft_wrap=True)
 
 
 def transfer_file(file: Path, host: str, *, method: str, address: str | None, port: int | None,
@@ -80,7 +80,8 @@ def transfer_file(file: Path, host: str, *, method: str, address: str | None, po
     except OSError as exc:
         raise H3FlowError(f"cannot read {file}: {exc.strerror or exc}") from None
     remote = send_with_retry(ref, dest, attempts=attempts, timeout=timeout)
-    console.print(f"sent {file} → {host}:{remote.path} ({remote.size:,} bytes, sha256 {remote.sha256}, verified)")
+    console.print(f"sent {file} → {host}:{remote.path} ({remote.size:,} bytes, sha256 {remote.sha256}, verified)",
+                  soft_wrap=True)
     return remote
 
 

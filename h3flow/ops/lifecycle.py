@@ -26,11 +26,21 @@ from rich.table import Table
 
 from h3flow.config import LocalConfig, load_local_config
 from h3flow.errors import ConfigError, H3FlowError
-from h3flow.ops.services import LocalRunner, Proc, Runner, ServiceSpec, check_health, local_specs, service_dir
+from h3flow.ops.services import (
+    LocalRunner,
+    Proc,
+    Runner,
+    ServiceSpec,
+    check_health,
+    local_specs,
+    prepare_comfy,
+    service_dir,
+)
 
 RunnerFor = Callable[[str], Runner]
 Deploy = Callable[[LocalConfig, Path], object]
 POLL = 0.25  # seconds between health probes
+COMFY_START_TIMEOUT = 240.0  # ComfyUI imports torch and every node: 8 s idle, up to a minute on 2 busy cores
 
 
 def remote_not_built(what: str) -> H3FlowError:
@@ -216,12 +226,20 @@ def start_services(
     runner_for = _local(config, runner_for)
     console = console or Console(highlight=False)
     specs = local_specs(config, config_path)
-    server, rest = specs[0], specs[1:]
+    server = specs[0]
+    comfy = [s for s in specs if s.kind == "comfyui"]  # engine "comfy": one ComfyUI per pool
+    rest = [s for s in specs[1:] if s.kind != "comfyui"]
     with _locked(service_dir(config) / ".lock"):
         for spec in rest:
             if spec.kind == "receiver":  # the embedded default's secret file is made on first start
                 runner_for(spec.host).ensure_secret(config.transfer.secret)
-        states = bring_up([server], runner_for, timeout=timeout, console=console)
+        if comfy:
+            with console.status("ComfyUI: checking the install (cached; the first install takes minutes) …"):
+                root = prepare_comfy(config, lambda line: console.print(f"[dim]{line}[/]", soft_wrap=True))
+            console.print(f"[green]✓[/] {'comfyui install':<18} {root}, node pack in each pool's custom_nodes", soft_wrap=True)
+        # ComfyUI needs nothing from Prefect: it starts beside the server, ready before any worker
+        wait = max(timeout, COMFY_START_TIMEOUT) if comfy else timeout
+        states = bring_up([server, *comfy], runner_for, timeout=wait, console=console)
         missing = [s for s in rest if s.kind == "worker" and not runner_for(s.host).inspect(s).running]
         if deploy is not None and (states[0].spawned_at is not None or missing):
             with console.status("creating work pools and deployments …"), contextlib.redirect_stdout(io.StringIO()):

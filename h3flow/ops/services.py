@@ -44,10 +44,10 @@ WORKER_HEARTBEAT_SECONDS = 5
 # --------------------------------------------------------------------------- health checks
 @dataclass(frozen=True)
 class HttpHealth:
-    """Healthy when ``GET url`` answers 200 with ``expect`` as its body."""
+    """Healthy when ``GET url`` answers 200 with ``expect`` as its body (``None``: any 200)."""
 
     url: str
-    expect: str = "true"
+    expect: str | None = "true"
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,9 @@ def check_health(health: Health, since: float | None = None, timeout: float = 2.
         except httpx.HTTPError as exc:
             return False, f"{health.url}: {type(exc).__name__}"
         body = reply.text.strip()
-        ok = reply.status_code == 200 and body == health.expect
-        return ok, f"{urlsplit(health.url).path} → {body[:40] if reply.status_code == 200 else reply.status_code}"
+        ok = reply.status_code == 200 and (health.expect is None or body == health.expect)
+        shown = body[:40] if health.expect is not None else "200"
+        return ok, f"{urlsplit(health.url).path} → {shown if reply.status_code == 200 else reply.status_code}"
     if isinstance(health, WorkerHealth):
         return _worker_health(health, since, timeout)
     from h3flow.handoff.tcp import probe
@@ -280,18 +281,62 @@ def receiver_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[Se
     return specs
 
 
-def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
-    """ComfyUI per pool when engine == "comfy".
+def comfy_base_dir(config: LocalConfig, pool: str) -> Path:
+    """A pool's own ComfyUI base directory (custom_nodes, models, input, output, user, its DB)."""
+    if not config.work_dir:
+        raise H3FlowError("ComfyUI on remote hosts is started by remote ops (issue 8); this local.json has no work_dir")
+    return Path(config.work_dir) / "comfyui" / pool
 
-    TODO(issue 7): the ComfyUI helper owns how ComfyUI is launched
-    (``h3flow.comfy_env.ComfyInstall.command`` + ``ComfyServer.args``); this hook turns
-    that into one ServiceSpec per pool (the pool's env for device pinning, bound to
-    ``pool.comfy_port``, health ``HttpHealth(pool.comfy_url + "/system_stats")`` with a
-    JSON body) and start/stop/status need nothing else.
+
+def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """One ComfyUI per pool when engine == "comfy" (the embedded default).
+
+    The ComfyUI that :func:`h3flow.comfy_env.ensure_comfyui` installed (its launcher,
+    CPU torch), listening on the pool's ``comfy_url`` address and ``comfy_port``, with a
+    base directory per pool so two pools on one host keep their own custom_nodes,
+    input/output folders and database. The pool's env pins the devices, as for its
+    worker. :func:`prepare_comfy` must have run first (install, node pack).
     """
     if config.engine != "comfy":
         return []
-    raise H3FlowError("starting ComfyUI under `h3flow start` arrives with issue 7 (ComfyUI); use engine 'local'")
+    from h3flow.comfy_env import default_install, server_args
+
+    install = default_install()
+    specs = []
+    for pool in config.pools:
+        address = urlsplit(pool.comfy_url).hostname or config.hosts[pool.host].address
+        base = comfy_base_dir(config, pool.name)
+        env = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
+        env.update(PYTHONUNBUFFERED="1", VIRTUAL_ENV=str(install.venv))  # not the caller's venv
+        specs.append(
+            ServiceSpec(
+                name=f"comfyui-{pool.name}",
+                kind="comfyui",
+                host=pool.host,
+                argv=tuple(install.command(server_args(address, pool.comfy_port, base))),
+                env=env,
+                cwd=str(base),
+                log=str(where(pool.host) / f"comfyui-{pool.name}.log"),
+                pidfile=str(where(pool.host) / f"comfyui-{pool.name}.pid"),
+                health=HttpHealth(pool.comfy_url.rstrip("/") + "/system_stats", expect=None),
+                binds=((address, pool.comfy_port),),
+                stop_grace=20.0,
+            )
+        )
+    return specs
+
+
+def prepare_comfy(config: LocalConfig, log: Callable[[str], None]) -> Path | None:
+    """Before starting ComfyUI: install it (cached after the first time), then give each
+    pool its base directory with the h3flow node pack in custom_nodes. Returns the install's root."""
+    if config.engine != "comfy":
+        return None
+    from h3flow.comfy_env import ensure_comfyui, install_node_pack, prepare_base_dir
+
+    install = ensure_comfyui(log=log)
+    for pool in config.pools:
+        install_node_pack(prepare_base_dir(comfy_base_dir(config, pool.name)))
+    return install.root
 
 
 def local_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:

@@ -74,13 +74,16 @@ def run_plan(
         raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     if not 0 <= threshold < 10:
         raise ConfigError(f"--threshold {threshold} is not a fraction such as 0.15")
+    if gantt is not None and gantt.suffix.lower() != ".png":
+        raise ConfigError(f"--gantt {gantt}: the chart is a PNG; name the file *.png")
     hm, source, current = hardware(host_map, config)
     plan_clips, what = batch_clips(spec, batch, clips)
     prof = load_profile(profile)
     cands = candidates(hm, topology, prof)
     evals = [evaluate(c, plan_clips, prof, policy) for c in cands]
     base_cand = baseline(hm, prof)
-    base = next((e for e in evals if e.candidate.canonical == base_cand.canonical and e.candidate.decoders == base_cand.decoders), None)
+    same = [e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)]
+    base = same[0] if same else None
     if base is None:
         base = evaluate(base_cand, plan_clips, prof, policy)
     rec = recommend(evals, threshold)
@@ -104,7 +107,10 @@ def run_plan(
             f"{target.name} — {what} — policy {target.schedule.policy} — "
             f"{target.schedule.makespan:.1f} s, {target.schedule.clips_per_hour:.2f} clips/h"
         )
-        draw(target.schedule, target.candidate.resources, gantt, title, target.bound.seconds if target.bound else None)  # type: ignore[arg-type]
+        try:
+            draw(target.schedule, target.candidate.resources, gantt, title, target.bound.seconds if target.bound else None)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise ConfigError(f"--gantt {gantt}: cannot write: {exc}") from None
         out["gantt"] = {"topology": target.name, "path": str(gantt)}
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -121,7 +127,10 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     console = Console(highlight=False)
     if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
         console = Console(highlight=False, width=160)
-    console.print(f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} · profile {out['profile']}", soft_wrap=True)
+    console.print(
+        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} · profile {out['profile']}",
+        soft_wrap=True,
+    )
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, justify in [
         ("topology", "left"), ("makespan s", "right"), ("clips/h", "right"), ("vs baseline", "right"),
@@ -137,7 +146,7 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
         gain = r["gain_over_baseline"]
         is_base = ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
         idle = "  ".join(
-            f"{d} {r['decoder_idle_pct'][d]:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)" for d in r["decoder_idle_pct"]
+            f"{d} {pct:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)" for d, pct in r["decoder_idle_pct"].items()
         )
         table.add_row(
             _label(ev, rec, out),
@@ -160,7 +169,8 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     for ev in shown:
         console.print(f"[dim]cannot run: {ev.name}: {ev.candidate.reason}[/]", soft_wrap=True)
     if len(infeasible) > len(shown):
-        console.print(f"[dim]... and {len(infeasible) - len(shown)} more topologies that cannot run on this hardware[/]", soft_wrap=True)
+        more = len(infeasible) - len(shown)
+        console.print(f"[dim]... and {more} more topologies that cannot run on this hardware[/]", soft_wrap=True)
     console.print(f"baseline: {base.name} ({base.rate:.2f} clips/h): {BASELINE_WHY}.", soft_wrap=True)
     modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
     if modelled:

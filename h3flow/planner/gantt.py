@@ -80,7 +80,9 @@ def draw(
         Patch(facecolor="lightgrey", hatch="xxx", edgecolor="black", label="mux"),
         *marks,
     ]
-    fig.legend(handles=stages, loc="upper left", bbox_to_anchor=(0.85, 0.93), fontsize=8, title="stage", title_fontsize=8, frameon=False)
+    fig.legend(
+        handles=stages, loc="upper left", bbox_to_anchor=(0.85, 0.93), fontsize=8, title="stage", title_fontsize=8, frameon=False
+    )
     if len(clips) <= 20:
         fig.legend(
             handles=[Patch(facecolor=colour[c], edgecolor="black", label=c) for c in clips],

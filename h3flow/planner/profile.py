@@ -93,7 +93,7 @@ class Profile:
         try:
             return self.data.gpu[model]
         except KeyError:
-            raise self._missing(f"[gpu.{_key(model)}]", why) from None
+            raise self._missing(f"gpu.{_key(model)}", why) from None
 
     def _per_spec(self, model: str, stage: str, spec: str, why: str) -> float:
         table: dict[str, float] = getattr(self._gpu(model, why), stage)

@@ -143,7 +143,10 @@ def row(ev: Evaluation, base: Evaluation | None) -> dict[str, Any]:
         utilisation={k: round(v, 4) for k, v in util.items()},
         decoder_idle_pct={d: round(100 * (1 - util[d]), 2) for d in decoders},
         decoder_idle_gaps_s={d: round(s.idle_gaps(d), 3) for d in decoders},
-        pools={p.name: f"{p.degree}x{p.gpu_model}" + (f" (encoded on {p.encoder})" if p.encoder != p.name else "") for p in res.samplers},
+        pools={
+            p.name: f"{p.degree}x{p.gpu_model}" + (f" (encoded on {p.encoder})" if p.encoder != p.name else "")
+            for p in res.samplers
+        },
         modelled=ev.modelled,
     )
     return out

@@ -213,7 +213,7 @@ class _Sim:
                 self.dispatch(now, pending)
             self.start_work(now)
             if pending:
-                heads = [jobs[0].handed for jobs in self.inflight.values() if jobs and jobs[0].handed is not None and jobs[0].handed > now]
+                heads = [j[0].handed for j in self.inflight.values() if j and j[0].handed is not None and j[0].handed > now]
                 release = min(heads, default=now)
             later = [t for t in self.free_at.values() if t > now]
             if not later:

@@ -116,7 +116,9 @@ class Planner:
             self._decoder[key] = times
         return times
 
-    def routes(self, clip: ClipLike, pool: SamplerPool, measured: Measured | None = None) -> tuple[SamplerTimes, list[tuple[str, str, float, float]]]:
+    def routes(
+        self, clip: ClipLike, pool: SamplerPool, measured: Measured | None = None
+    ) -> tuple[SamplerTimes, list[tuple[str, str, float, float]]]:
         """The clip's sampler times on ``pool`` and, per decoder, (decoder, link, transfer, decode + mux)."""
         key = (clip.spec, clip.frames, pool.name)
         if not measured and key in self._routes:

@@ -41,11 +41,14 @@ def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  #
         run = {s: v[0] for s, v in stages.items()}
         for before, after in zip(ORDER, ORDER[1:]):
             if run[after].start < run[before].end - EPS:
-                problems.append(f"{clip.id}: {after} starts at {run[after].start:.3f} before {before} ends at {run[before].end:.3f}")
+                problems.append(
+                    f"{clip.id}: {after} starts at {run[after].start:.3f} before {before} ends at {run[before].end:.3f}"
+                )
         pool = pools.get(run["sample"].resource)
         decoder = decoders.get(run["decode"].resource)
         if pool is None or decoder is None:
-            problems.append(f"{clip.id}: sampled on {run['sample'].resource!r} / decoded on {run['decode'].resource!r}: not a sampler / decoder")
+            where = f"sampled on {run['sample'].resource!r} / decoded on {run['decode'].resource!r}"
+            problems.append(f"{clip.id}: {where}: not a sampler / decoder")
             continue
         expect_resource = {
             "encode": pool.encoder,
@@ -83,7 +86,8 @@ def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  #
         runs.sort(key=lambda r: (r.start, r.end))
         for a, b in zip(runs, runs[1:]):
             if b.start < a.end - EPS:
-                problems.append(f"{name}: {a.clip} {a.stage} [{a.start:.3f}, {a.end:.3f}] overlaps {b.clip} {b.stage} [{b.start:.3f}, {b.end:.3f}]")
+                first, second = f"[{a.start:.3f}, {a.end:.3f}]", f"[{b.start:.3f}, {b.end:.3f}]"
+                problems.append(f"{name}: {a.clip} {a.stage} {first} overlaps {b.clip} {b.stage} {second}")
     # a pool holds one clip at a time: nothing else runs on it while it holds one
     for name, spans in holds.items():
         runs = per_resource.get(name, [])  # sorted by start, and (unless reported above) disjoint

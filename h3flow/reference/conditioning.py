@@ -9,7 +9,8 @@ Camera (the view moves; the picture moves the other way):
 - zoom: ``zoom in`` / ``push in`` / ``dolly in`` / ``closer`` / ``approach`` (in),
   ``zoom out`` / ``pull back`` / ``pull out`` / ``dolly out`` / ``wider`` (out);
 - speed: ``slow`` words x0.5, ``fast`` words x2 (:data:`SPEED_WORDS`); ``static``,
-  ``motionless``, ``locked``, ``tripod``, ``frozen`` stop the camera.
+  ``motionless``, ``locked``, ``tripod``, ``frozen`` and ``still shot`` / ``camera`` /
+  ``frame`` / ``view`` stop the camera.
 - no camera word at all: a slow push in.
 At speed 1 a pan covers 6% of the frame width per second, a tilt 6% of the height, a
 zoom scales by e^0.08 per second.
@@ -62,17 +63,33 @@ ZOOM_VERBS = {"zoom", "zooms", "zooming", "push", "pushes", "pushing", "dolly", 
 ZOOM_IN_WORDS = {"closer", "approach", "approaching"}
 ZOOM_OUT_WORDS = {"wider", "widening"}
 STATIC_WORDS = {"static", "motionless", "locked", "tripod", "frozen"}
+STILL_NOUNS = {"shot", "camera", "frame", "view"}  # "still shot" is static; "still lake" is not
 SPEED_WORDS: dict[str, float] = {
     **dict.fromkeys(("slow", "slowly", "gentle", "gently", "leisurely", "drifting", "drift"), 0.5),
     **dict.fromkeys(("fast", "quick", "quickly", "rapid", "rapidly", "swift", "swiftly", "racing"), 2.0),
 }
 # mood -> (words, root semitone above C3, chord intervals in semitones)
 MOODS: dict[str, tuple[frozenset[str], int, tuple[int, ...]]] = {
-    "happy": (frozenset({"happy", "bright", "sunny", "joyful", "cheerful", "summer", "morning", "sun", "playful"}), 0, (0, 4, 7, 12)),
-    "calm": (frozenset({"calm", "peaceful", "serene", "quiet", "lake", "soft", "dreamy", "tranquil", "still"}), 5, (0, 4, 7, 11)),
-    "sad": (frozenset({"sad", "dark", "night", "melancholy", "lonely", "rain", "rainy", "cold", "winter", "gloomy"}), 9, (0, 3, 7, 12)),
-    "tense": (frozenset({"tense", "storm", "stormy", "danger", "scary", "ominous", "thunder", "fear"}), 11, (0, 3, 6, 9)),
-    "epic": (frozenset({"epic", "heroic", "mountain", "mountains", "vast", "grand", "triumphant", "sky"}), 2, (0, 7, 12, 19)),
+    "happy": (
+        frozenset("happy bright sunny joyful cheerful summer morning sun playful energetic".split()),
+        0, (0, 4, 7, 12),  # C major
+    ),
+    "calm": (
+        frozenset("calm peaceful serene quiet lake soft dreamy tranquil still".split()),
+        5, (0, 4, 7, 11),  # F major seventh
+    ),
+    "sad": (
+        frozenset("sad dark night melancholy melancholic lonely rain rainy cold winter gloomy".split()),
+        9, (0, 3, 7, 12),  # A minor
+    ),
+    "tense": (
+        frozenset("tense storm stormy danger scary ominous thunder fear".split()),
+        11, (0, 3, 6, 9),  # B diminished seventh
+    ),
+    "epic": (
+        frozenset("epic heroic mountain mountains vast grand triumphant sky".split()),
+        2, (0, 7, 12, 19),  # D open fifths
+    ),
 }
 NEUTRAL_CHORD: tuple[int, tuple[int, ...]] = (0, (0, 7, 12))
 
@@ -135,7 +152,7 @@ def parse_camera(prompt: str) -> CameraPath:
     speed = 1.0
     for w in ws:
         speed *= SPEED_WORDS.get(w, 1.0)
-    if any(w in STATIC_WORDS for w in ws):
+    if any(w in STATIC_WORDS for w in ws) or any(a == "still" and b in STILL_NOUNS for a, b in zip(ws, ws[1:])):
         return CameraPath(0.0, 0.0, 0.0, 0.0)
     pan_x = float(sum(w in RIGHT for w in ws) - sum(w in LEFT for w in ws))
     pan_y = float(sum(w in DOWN for w in ws) - sum(w in UP for w in ws))

@@ -127,6 +127,8 @@ def run_parallel(degree: int, fn: Callable[..., Any], args: tuple[Any, ...], *, 
     multiprocessing.set_forkserver_preload(["__main__", "torch", __name__, fn.__module__])
     store = dist.TCPStore("127.0.0.1", 0, world_size=degree + 1, is_master=True, wait_for_workers=False)
     try:
-        mp.start_processes(_worker, args=(degree, store.port, device, fn, args), nprocs=degree, join=True, start_method="forkserver")
+        mp.start_processes(
+            _worker, args=(degree, store.port, device, fn, args), nprocs=degree, join=True, start_method="forkserver"
+        )
     finally:
         del store

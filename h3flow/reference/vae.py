@@ -206,12 +206,14 @@ def make_decoder(int8: bool, device: str | torch.device = "cpu", *, int_mm: bool
     return Int8Decoder(device, int_mm=int_mm) if int8 else Fp32Decoder(device)
 
 
-def decode_video(video: torch.Tensor, frames: int, decoder: Fp32Decoder, *, chunk: int = 8) -> Iterator[torch.Tensor]:
+def decode_video(video: torch.Tensor, frames: int, decoder: Fp32Decoder, *, chunk: int = 2) -> Iterator[torch.Tensor]:
     """A video latent ``[1, 24, T, h, w]`` -> uint8 RGB chunks ``[n, H, W, 3]``, ``frames`` in all.
 
     Each pixel frame decodes the linear interpolation of the two latent frames around its
     time (see :func:`latent_position`); the decoder is linear, so this equals
-    interpolating decoded frames, at a fraction of the memory.
+    interpolating decoded frames, at a fraction of the memory. Two frames a chunk keep
+    the float intermediate (11 MB a frame at HD) in cache: HD decoded 2.5x faster than
+    with eight on the build machine.
     """
     if video.dim() != 5 or video.shape[0] != 1 or video.shape[1] != VIDEO_CHANNELS:
         raise ValueError(f"video latent must be [1, {VIDEO_CHANNELS}, T, h, w], got {list(video.shape)}")

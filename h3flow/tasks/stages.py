@@ -27,7 +27,7 @@ from h3flow.batch import Clip
 from h3flow.config import LocalConfig, load_local_config
 from h3flow.engines import engine_for
 from h3flow.engines.base import FileRef
-from h3flow.errors import IntegrityError, TransientError
+from h3flow.errors import IntegrityError, TransientError  # noqa: F401 - IntegrityError is never retried
 from h3flow.fsutil import sha256_file
 
 RETRIES = 3
@@ -44,7 +44,7 @@ def config_at(path: str) -> LocalConfig:
 
 
 def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, (TransientError, ConnectionError, TimeoutError)) and not isinstance(exc, IntegrityError)
+    return isinstance(exc, (TransientError, ConnectionError, TimeoutError))
 
 
 def retry_transient(task_: Any, task_run: Any, state: Any) -> bool:
