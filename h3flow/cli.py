@@ -296,7 +296,23 @@ def resume(
     raise typer.Exit(finish(do_wait(run_id, config)))
 
 
-_stub("calibrate", 6, "Fit the planner's profile from the measured stage durations of runs.")
+@app.command()
+@operator_command
+def calibrate(
+    run_ids: Annotated[list[str], typer.Argument(help="Finished runs to learn stage times from.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The calibrated profile (TOML).")] = Path("profile.toml"),
+    base: Annotated[Optional[Path], typer.Option(help="Profile to start from (default: the shipped one).")] = None,
+    config: ConfigOpt = Path("local.json"),
+) -> None:
+    """Fit the planner's profile from the measured stage durations of runs (`plan --profile` reads it)."""
+    from h3flow.calibrate import run_calibrate
+    from h3flow.runs_cli import console
+
+    for note in run_calibrate(run_ids, config, output, base):
+        console.print(f"  {note}")
+    console.print(f"[green]✓[/] wrote {output}")
+
+
 @app.command()
 @operator_command
 def demo(

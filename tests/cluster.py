@@ -77,9 +77,11 @@ class Cluster:
         raise AssertionError(f"no pid file for {name}")
 
 
-def make_cluster(workdir: Path) -> Cluster:
+def make_cluster(workdir: Path, engine: str = "local") -> Cluster:
+    """``engine="comfy"``: the stages run in one real local ComfyUI per pool (started by ``start``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = adapt(local_host_map(workdir, base_port=random.randint(30000, 50000)), work_dir=str(workdir.resolve()))
+    hm = local_host_map(workdir, base_port=random.randint(30000, 50000), engine=engine)  # type: ignore[arg-type]
+    config = adapt(hm, work_dir=str(workdir.resolve()))
     path = workdir / "local.json"
     atomic_write_json(path, render(config))
     return Cluster(workdir, path)

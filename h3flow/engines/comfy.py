@@ -126,7 +126,7 @@ class ComfyEngine:
     # ------------------------------------------------------------------ plumbing
     def _latent_meta(self, clip: Clip, cond_sha: str) -> dict[str, str]:
         if self.reference:
-            from h3flow.engines.local import latent_meta
+            from h3flow.reference.meta import latent_meta  # torch-free: no torch import per flow run
 
             meta = latent_meta(clip, cond_sha, degree=1)
         else:

@@ -21,7 +21,8 @@ from h3flow.handoff.format import H3Latent, load_latent, save_latent
 from h3flow.mux import mux_mp4
 from h3flow.reference.audio import decode_audio
 from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning, save_conditioning
-from h3flow.reference.sampler import SAMPLER_ID, DenoiserConfig, sample_shards
+from h3flow.reference.meta import DenoiserConfig, latent_meta  # noqa: F401 - latent_meta: re-exported
+from h3flow.reference.sampler import sample_shards
 from h3flow.reference.ulysses import ParallelContext, check_degree, run_parallel
 from h3flow.reference.vae import PatchEncoder, decode_video, make_decoder
 from h3flow.specs import AUDIO_RATE, FPS, get_spec, latent_frames
@@ -30,24 +31,6 @@ from h3flow.specs import AUDIO_RATE, FPS, get_spec, latent_frames
 def encode_clip(clip: Clip, *, encoder: PatchEncoder | None = None) -> Conditioning:
     """A clip's prompt + reference image -> conditioning (the seed plays no part)."""
     return encode_conditioning(clip.prompt, clip.image, clip.resolved_spec, clip.frames, encoder=encoder)
-
-
-def latent_meta(
-    clip: Clip, conditioning_sha256: str, *, degree: int, config: DenoiserConfig = DenoiserConfig()
-) -> dict[str, str]:
-    """Provenance stored in the .h3latent (the format adds shapes, dtypes, producer, time)."""
-    return {
-        "clip_id": clip.id,
-        "seed": str(clip.seed),
-        "steps": str(clip.steps),
-        "spec": clip.spec,
-        "frames": str(clip.frames),
-        "fps": str(FPS),
-        "sampler": SAMPLER_ID,
-        "model": config.model_id,
-        "conditioning_sha256": conditioning_sha256,
-        "ulysses_degree": str(degree),
-    }
 
 
 def sample_to_file(

@@ -22,12 +22,12 @@ per token, so a rank only ever touches its own shard.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from h3flow.reference.conditioning import Conditioning
+from h3flow.reference.meta import SAMPLER_ID, DenoiserConfig  # noqa: F401 - defined torch-free there
 from h3flow.reference.threads import threads_for
 from h3flow.reference.ulysses import ParallelContext, gather_sequence, heads_to_seq, padded_length, seq_to_heads
 from h3flow.reference.vae import channel_frequencies, pixel_position
@@ -35,20 +35,6 @@ from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, FPS, VIDEO_CHANNELS,
 
 TOKEN_PATCH = 2  # latent cells per token side (a DiT's patchify)
 TOKEN_DIM = VIDEO_CHANNELS * TOKEN_PATCH * TOKEN_PATCH
-SAMPLER_ID = "euler-simple"
-
-
-@dataclass(frozen=True)
-class DenoiserConfig:
-    heads: int = 8
-    head_dim: int = 8
-    gain: float = 0.01
-    weight_seed: int = 0x4833  # "H3"
-    shift: float = 1.0  # flow time shift of the sigma table (1.0: none)
-
-    @property
-    def model_id(self) -> str:
-        return f"h3flow-reference-attn{self.heads}x{self.head_dim}-g{self.gain}-w{self.weight_seed}"
 
 
 def simple_sigmas(steps: int, shift: float = 1.0) -> torch.Tensor:

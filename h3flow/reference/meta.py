@@ -1,0 +1,46 @@
+"""The reference model's identity and the provenance it writes into an ``.h3latent``.
+
+Kept free of torch so the ``comfy`` engine can fill a latent's metadata in a flow-run
+process without importing torch (several seconds on the 2-core demo machine); the
+sampling itself happens in ComfyUI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h3flow.batch import Clip
+from h3flow.specs import FPS
+
+SAMPLER_ID = "euler-simple"
+
+
+@dataclass(frozen=True)
+class DenoiserConfig:
+    heads: int = 8
+    head_dim: int = 8
+    gain: float = 0.01
+    weight_seed: int = 0x4833  # "H3"
+    shift: float = 1.0  # flow time shift of the sigma table (1.0: none)
+
+    @property
+    def model_id(self) -> str:
+        return f"h3flow-reference-attn{self.heads}x{self.head_dim}-g{self.gain}-w{self.weight_seed}"
+
+
+def latent_meta(
+    clip: Clip, conditioning_sha256: str, *, degree: int, config: DenoiserConfig = DenoiserConfig()
+) -> dict[str, str]:
+    """Provenance stored in the .h3latent (the format adds shapes, dtypes, producer, time)."""
+    return {
+        "clip_id": clip.id,
+        "seed": str(clip.seed),
+        "steps": str(clip.steps),
+        "spec": clip.spec,
+        "frames": str(clip.frames),
+        "fps": str(FPS),
+        "sampler": SAMPLER_ID,
+        "model": config.model_id,
+        "conditioning_sha256": conditioning_sha256,
+        "ulysses_degree": str(degree),
+    }

@@ -1,0 +1,74 @@
+"""calibrate: measured occupancy in, a profile `plan` reads out."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from h3flow.adapt import adapt
+from h3flow.batch import Clip
+from h3flow.calibrate import fit, occupancy, to_toml
+from h3flow.cli import app
+from h3flow.config import load_host_map
+from h3flow.errors import ConfigError
+from h3flow.manifest import StageRecord, new_manifest
+from h3flow.planner.profile import DEFAULT_PROFILE, load_profile, parse_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = adapt(load_host_map(ROOT / "examples" / "host-map.example.json"))
+IMAGE = ROOT / "examples" / "images" / "landscape.png"
+
+
+def run(pool_starts: dict[str, list[float]], sample_s: float, decode_gap: float):
+    clips = [Clip(id=f"c{i}", prompt="p", image=IMAGE, spec="sd", seed=i) for i in range(sum(map(len, pool_starts.values())))]
+    manifest = new_manifest("r1", "b", clips, "local.json")
+    recs = iter(manifest.clips.values())
+    t_decode = 1000.0
+    for pool, starts in pool_starts.items():
+        for start in starts:
+            rec = next(recs)
+            rec.pool, rec.decoder = pool, "b"
+            rec.stages["encode"] = StageRecord(started=start, seconds=13.06)
+            rec.stages["sample"] = StageRecord(started=start + 14.0, seconds=sample_s - 14.0)
+            rec.stages["decode"] = StageRecord(started=t_decode, seconds=decode_gap - 0.5)
+            t_decode += decode_gap
+    return manifest
+
+
+def test_back_to_back_clips_give_the_pools_real_per_clip_cost() -> None:
+    # a0 starts a clip every 80 s (each clip really held it 80 s), a1 every 80 s too
+    manifest = run({"a0": [0.0, 80.0, 160.0], "a1": [1.0, 81.0]}, sample_s=80.0, decode_gap=12.0)
+    held = occupancy([manifest], "sample")
+    assert held[("a0", "sd")] == pytest.approx([80.0, 80.0, 80.0])
+    raw, notes = fit(CONFIG, [manifest])
+    profile = parse_profile(raw)
+    # occupancy 80 s minus the profile's encode (13.06) + offload (1.0) + SD handoff (0.2)
+    assert profile.sample("T10", 4, "sd", "t").seconds == pytest.approx(80.0 - 13.06 - 1.0 - 0.2, abs=1e-3)
+    assert profile.decode("RTX 3080 Ti", "sd", "t") == pytest.approx(12.0 - 0.5, abs=1e-3)
+    assert any("median of 5 clips" in n for n in notes)
+
+
+def test_the_written_profile_round_trips_through_toml() -> None:
+    manifest = run({"a0": [0.0, 70.0]}, sample_s=70.0, decode_gap=10.0)
+    raw, _ = fit(CONFIG, [manifest])
+    text = to_toml(raw, "calibrated\nfrom r1")
+    again = tomllib.loads(text)
+    assert again == raw
+    assert parse_profile(again).sample("T10", 8, "sd", "t").seconds == load_profile().sample("T10", 8, "sd", "t").seconds
+
+
+def test_runs_with_nothing_executed_are_refused() -> None:
+    manifest = run({}, sample_s=1.0, decode_gap=1.0)
+    with pytest.raises(ConfigError, match="nothing to calibrate"):
+        fit(CONFIG, [manifest], DEFAULT_PROFILE)
+
+
+def test_unknown_run_is_a_one_line_error(tmp_path: Path) -> None:
+    local = tmp_path / "local.json"
+    assert CliRunner().invoke(app, ["config-adapt", str(ROOT / "examples" / "host-map.example.json"), "-o", str(local)]).exit_code == 0
+    res = CliRunner().invoke(app, ["calibrate", "nope", "--config", str(local), "-o", str(tmp_path / "p.toml")])
+    assert res.exit_code == 2 and "unknown run id 'nope'" in res.output
+    assert not (tmp_path / "p.toml").exists()
