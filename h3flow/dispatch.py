@@ -140,12 +140,14 @@ class Dispatcher:
         self.retransfer |= reconcile(self.config, self.manifest)
         self.save()
         while True:
+            tick = time.perf_counter()
             changed = self.poll_children()
             changed |= self.check_pools()
             changed |= self.submit_decodes()
             changed |= self.submit_samples()
             if changed:
                 self.save()
+            self.manifest.dispatch_overhead_s += time.perf_counter() - tick
             if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
                 break
             if self.no_decoder_left():

@@ -77,6 +77,7 @@ class Manifest(BaseModel):
     finished: float | None = None
     error: str | None = None
     planned_makespan: float | None = None
+    dispatch_overhead_s: float = Field(0.0, description="the dispatcher's own time: API calls and bookkeeping")
     clips: dict[str, ClipRecord]
 
     @property
