@@ -216,10 +216,21 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="local.json from
 
 @app.command()
 @operator_command
-def deploy(config: ConfigOpt = Path("local.json")) -> None:
+def deploy(
+    config: ConfigOpt = Path("local.json"),
+    yaml_only: Annotated[Optional[Path], typer.Option("--yaml-only", help="Only write prefect.yaml here; contact no server.")] = None,
+    source_dir: Annotated[Optional[Path], typer.Option(help="Where h3flow's source lives on the workers' hosts.")] = None,
+) -> None:
     """Create work pools, deployments, blocks and prefect.yaml from local.json."""
     from h3flow.runs_cli import console, deploy as do_deploy
 
+    if yaml_only is not None:
+        from h3flow.config import load_local_config
+        from h3flow.deployments import SOURCE_DIR, write_prefect_yaml
+
+        write_prefect_yaml(load_local_config(config), config, yaml_only, source_dir or SOURCE_DIR)
+        console.print(f"[green]✓[/] wrote {yaml_only}")
+        return
     for name in do_deploy(config):
         console.print(f"[green]✓[/] deployment {name}")
 

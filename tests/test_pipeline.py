@@ -17,6 +17,7 @@ import av
 import pytest
 
 from cluster import Cluster, kill_tree, make_cluster, wait_until, write_batch
+from h3flow.deployments import SOURCE_DIR
 from h3flow.manifest import load_manifest
 
 pytestmark = pytest.mark.prefect
@@ -171,3 +172,40 @@ def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluste
     run_id = done[0].name.removeprefix("good.").removesuffix(".json")
     manifest = load_manifest(cluster.config.runs_dir, run_id)
     assert manifest.state == "completed" and manifest.clips["i0"].state == "delivered"
+
+
+def _deployments(cluster: Cluster) -> dict[str, tuple]:
+    from prefect.client.orchestration import get_client
+
+    from h3flow.prefect_api import prefect_api
+
+    with prefect_api(cluster.config), get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        return {
+            f"{flows[d.flow_id]}/{d.name}": (
+                d.work_pool_name, d.entrypoint, json.dumps(d.parameters, sort_keys=True),
+                json.dumps(d.job_variables, sort_keys=True), sorted(s.schedule.cron for s in d.schedules),
+            )
+            for d in client.read_deployments()
+        }
+
+
+def test_prefect_deploy_all_from_the_written_yaml_gives_the_same_deployments(cluster: Cluster) -> None:
+    from prefect.client.orchestration import get_client
+
+    from h3flow.prefect_api import prefect_api
+
+    ours = _deployments(cluster)
+    assert {"sample-clip/a0", "sample-clip/a1", "decode-clip/b", "batch/run", "batch/inbox"} <= set(ours)
+    with prefect_api(cluster.config), get_client(sync_client=True) as client:
+        for d in client.read_deployments():
+            client.delete_deployment(d.id)
+    assert _deployments(cluster) == {}
+    env = {**os.environ, **cluster.env()}
+    res = subprocess.run(
+        [str(Path(sys.prefix) / "bin" / "prefect"), "--no-prompt", "deploy", "--all",
+         "--prefect-file", str(cluster.config_path.parent / "prefect.yaml")],
+        cwd=SOURCE_DIR, capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _deployments(cluster) == ours

@@ -42,7 +42,7 @@ class DeploymentSpec:
 
 
 def deployment_specs(config: LocalConfig, config_path: Path) -> list[DeploymentSpec]:
-    cfg = str(Path(config_path).resolve())
+    cfg = str(Path(config_path).absolute())
     specs: list[DeploymentSpec] = []
     for pool in config.pools:
         flow = "sample-clip" if pool.role == "sample" else "decode-clip"
@@ -110,8 +110,12 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     return names
 
 
-def prefect_yaml(config: LocalConfig, config_path: Path) -> str:
-    """The same deployments as prefect.yaml (for `prefect deploy --all`)."""
+def prefect_yaml(config: LocalConfig, config_path: Path, source_dir: Path = SOURCE_DIR) -> str:
+    """The same deployments as prefect.yaml (for `prefect deploy --all`).
+
+    ``source_dir`` is where h3flow's source lives on the workers' hosts (this checkout
+    for the embedded default).
+    """
     import json
 
     def q(value: Any) -> str:  # JSON is valid YAML: quote every scalar and mapping safely
@@ -123,7 +127,7 @@ def prefect_yaml(config: LocalConfig, config_path: Path) -> str:
         "prefect-version: 3.9.1",
         "pull:",
         "- prefect.deployments.steps.set_working_directory:",
-        f"    directory: {q(str(SOURCE_DIR))}",
+        f"    directory: {q(str(source_dir))}",
         "deployments:",
     ]
     for spec in deployment_specs(config, config_path):
@@ -133,13 +137,13 @@ def prefect_yaml(config: LocalConfig, config_path: Path) -> str:
             f"  parameters: {q(spec.parameters)}",
             "  work_pool:",
             f"    name: {q(spec.work_pool)}",
-            f"    job_variables: {q({'env': spec.env, 'working_dir': str(SOURCE_DIR)})}",
+            f"    job_variables: {q({'env': spec.env, 'working_dir': str(source_dir)})}",
         ]
         if spec.cron:
             lines += ["  schedules:", f"  - cron: {q(spec.cron)}", f"    timezone: {q(spec.timezone)}"]
     return "\n".join(lines) + "\n"
 
 
-def write_prefect_yaml(config: LocalConfig, config_path: Path, target: Path) -> Path:
-    atomic_write_text(target, prefect_yaml(config, config_path))
+def write_prefect_yaml(config: LocalConfig, config_path: Path, target: Path, source_dir: Path = SOURCE_DIR) -> Path:
+    atomic_write_text(target, prefect_yaml(config, config_path, source_dir))
     return target
