@@ -109,6 +109,8 @@ def mux_mp4(
     if first is None:
         raise ValueError("no frames to encode")
     first = _as_uint8_frames(first)
+    if first.shape[1] % 2 or first.shape[2] % 2:
+        raise ValueError(f"yuv420p needs an even frame size, got {first.shape[2]}x{first.shape[1]}")
     out = Path(out_path)
     with atomic_path(out) as tmp:
         with av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:

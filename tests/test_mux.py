@@ -94,6 +94,8 @@ def test_failure_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
         mux_mp4(target, [np.stack(frames(5))], np.zeros(100, np.float32))
     with pytest.raises(ValueError, match="uint8"):
         mux_mp4(target, [np.zeros((2, H, W, 3), np.float32)], tone(1.0))
+    with pytest.raises(ValueError, match="even frame size"):
+        mux_mp4(target, [np.zeros((2, 63, 96, 3), np.uint8)], tone(1.0))
     with pytest.raises(ValueError, match="no frames"):
         mux_mp4(target, [], tone(1.0))
     assert target.read_bytes() == b"old video"

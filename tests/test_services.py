@@ -104,11 +104,11 @@ def spec(tmp: Path, name: str, code: str, health=None, grace: float = 5.0) -> Se
 
 
 # --------------------------------------------------------------------------- no server needed
-def test_start_and_stop_without_local_say_remote_is_issue_8() -> None:
-    for command in ("start", "stop"):
-        result = cli.invoke(app, [command])
+def test_start_and_stop_without_local_json_say_so(tmp_path: Path) -> None:
+    for command in ("start", "stop"):  # without --local they act on local.json's hosts (tests/test_remote_ops.py)
+        result = cli.invoke(app, [command, "--config", str(tmp_path / "local.json")])
         assert result.exit_code == 2
-        assert f"remote {command} arrives with issue 8 (remote ops)" in result.output
+        assert "local.json: no such file (run `h3flow config-adapt` first)" in result.output
         assert "Traceback" not in result.output
 
 

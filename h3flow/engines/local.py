@@ -2,8 +2,8 @@
 
 Files in, files out, like every engine: encode writes a safetensors conditioning file,
 sample an ``.h3latent``, decode an MP4. With ``degree > 1`` sampling runs Ulysses
-sequence-parallel in ``degree`` spawned processes (gloo on CPU, NCCL on CUDA) and rank 0
-writes the latent. The module-level functions are what the ComfyUI node pack wraps.
+sequence-parallel in ``degree`` processes (torch.multiprocessing, forkserver; gloo on
+CPU, NCCL on CUDA) and rank 0 writes the latent. The module-level functions are what the ComfyUI node pack wraps.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from h3flow.batch import load_batch
 from h3flow.dispatch import Dispatcher, PrefectApi, planner_chooser
 from h3flow.flows.clip import config_path_or_env
 from h3flow.manifest import Manifest, load_manifest, manifest_path, new_manifest, new_run_id, save_manifest
-from h3flow.report import report_rows
-from h3flow.run_report import write_run_report
+from h3flow.report import report_rows, write_run_report
 from h3flow.tasks.stages import config_at
 
 

@@ -1,9 +1,10 @@
 """``h3flow start / stop / status --services``: bring the services up, down, and report them.
 
 The steps are written against :class:`~h3flow.ops.services.Runner` and a list of
-:class:`~h3flow.ops.services.ServiceSpec`, so the remote path (issue 8) reuses them
-with an SSH runner per host and its own specs; ``--local`` (the embedded default) is
-:func:`~h3flow.ops.services.local_specs` with one :class:`LocalRunner`.
+:class:`~h3flow.ops.services.ServiceSpec`: the embedded default (a local.json with a
+work_dir) is :func:`~h3flow.ops.services.local_specs` with one :class:`LocalRunner`;
+a production local.json is :func:`~h3flow.ops.services.remote_specs` with one
+:class:`~h3flow.ops.ssh.SshRunner` per host. Nothing else differs.
 
 Start order: the Prefect server (health-waited), then the deployments and work pools,
 then every worker and receiver at once, all health-waited together. Stop goes in
@@ -27,24 +28,22 @@ from rich.table import Table
 from h3flow.config import LocalConfig, load_local_config
 from h3flow.errors import ConfigError, H3FlowError
 from h3flow.ops.services import (
+    HttpHealth,
     LocalRunner,
     Proc,
     Runner,
     ServiceSpec,
     check_health,
-    local_specs,
+    host_dir,
     prepare_comfy,
     service_dir,
+    service_specs,
 )
 
 RunnerFor = Callable[[str], Runner]
 Deploy = Callable[[LocalConfig, Path], object]
 POLL = 0.25  # seconds between health probes
 COMFY_START_TIMEOUT = 240.0  # ComfyUI imports torch and every node: 8 s idle, up to a minute on 2 busy cores
-
-
-def remote_not_built(what: str) -> H3FlowError:
-    return H3FlowError(f"remote {what} arrives with issue 8 (remote ops); for this machine use --local")
 
 
 @dataclass
@@ -196,17 +195,70 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-# --------------------------------------------------------------------------- the embedded default
-def _local(config: LocalConfig, runner_for: RunnerFor | None) -> RunnerFor:
-    if not config.work_dir:
-        raise ConfigError(
-            "this local.json is not the embedded default (it has no work_dir): "
-            "make one with `h3flow config-adapt --local`, or run `h3flow start` without --local (issue 8)"
-        )
+# --------------------------------------------------------------------------- this machine or the hosts
+def _lock_path(config: LocalConfig, config_path: Path) -> Path:
+    if config.work_dir:
+        return service_dir(config) / ".lock"
+    return Path(config_path).absolute().parent / ".h3flow-services.lock"
+
+
+def logs_where(config: LocalConfig) -> str:
+    if config.work_dir:
+        return str(service_dir(config))
+    return ", ".join(f"{h.name}:{host_dir(config, h.name) / 'services'}" for h in config.hosts.values())
+
+
+@contextlib.contextmanager
+def runners(config: LocalConfig, runner_for: RunnerFor | None = None) -> Iterator[RunnerFor]:
+    """One LocalRunner for the embedded default (it has a work_dir), one SSH runner per host
+    otherwise (connections opened on first use, closed at the end)."""
     if runner_for is not None:
-        return runner_for
-    runner = LocalRunner()
-    return lambda _host: runner
+        yield runner_for
+    elif config.work_dir:
+        runner = LocalRunner()
+        yield lambda _host: runner
+    else:
+        from h3flow.ops.ssh import SshRunners
+
+        with SshRunners(config) as ssh:
+            yield ssh
+
+
+def secret_hosts(config: LocalConfig) -> list[str]:
+    """The hosts at either end of a tcp route: they share the transfer secret."""
+    tcp = [r for r in config.routes if r.method == "tcp"]
+    return sorted({r.source for r in tcp} | {r.target for r in tcp})
+
+
+def prepare_hosts(config: LocalConfig, config_path: Path, specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> None:
+    """Before any service starts: local.json on every host (at this path) and the transfer
+    secret where tcp transfers need it (the embedded default makes its secret file here)."""
+    for host in dict.fromkeys(s.host for s in specs):
+        runner_for(host).sync_config(config_path)
+    for host in secret_hosts(config):
+        runner_for(host).ensure_secret(config.transfer.secret)
+
+
+def _served_elsewhere(spec: ServiceSpec, runner_for: RunnerFor, console: Console) -> bool:
+    """A Prefect API that answers though h3flow did not start it (e.g. a systemd service
+    on PostgreSQL) is used as it is, not fought over its port."""
+    if spec.kind != "prefect-server" or runner_for(spec.host).inspect(spec).running:
+        return False
+    ok, detail = check_health(spec.health)
+    if ok:
+        console.print(f"[green]✓[/] {spec.name:<18} already served ({detail}; not started by h3flow: left alone)")
+    return ok
+
+
+def _require_api(config: LocalConfig, console: Console) -> None:
+    url = config.prefect.api_url.rstrip("/") + "/health"
+    ok, detail = check_health(HttpHealth(url))
+    if not ok:
+        raise H3FlowError(
+            f"the Prefect API does not answer ({detail}); no host of local.json has the address of "
+            f"{config.prefect.api_url}, so `h3flow start` does not run it: start that server first"
+        )
+    console.print(f"[green]✓[/] {'prefect-server':<18} served elsewhere ({detail})")
 
 
 def start_services(
@@ -218,36 +270,39 @@ def start_services(
     console: Console | None = None,
     timeout: float = 90.0,
 ) -> list[ServiceState]:
-    """``h3flow start --local``: server, then deployments, then workers and receivers.
+    """``h3flow start``: server (and ComfyUI), then deployments, then workers and receivers.
 
-    ``deploy`` runs after the server is healthy whenever this call starts the server or
-    a worker (so a start that finds everything running is a true no-op).
+    The same steps for the embedded default (LocalRunner) and the hosts of a
+    production local.json (one SSH runner per host). ``deploy`` runs after the server
+    is healthy whenever this call starts the server or a worker (so a start that finds
+    everything running is a true no-op).
     """
-    runner_for = _local(config, runner_for)
     console = console or Console(highlight=False)
-    specs = local_specs(config, config_path)
-    server = specs[0]
+    specs = service_specs(config, config_path)
+    server = next((s for s in specs if s.kind == "prefect-server"), None)
     comfy = [s for s in specs if s.kind == "comfyui"]  # engine "comfy": one ComfyUI per pool
-    rest = [s for s in specs[1:] if s.kind != "comfyui"]
-    with _locked(service_dir(config) / ".lock"):
-        for spec in rest:
-            if spec.kind == "receiver":  # the embedded default's secret file is made on first start
-                runner_for(spec.host).ensure_secret(config.transfer.secret)
-        if comfy:
+    rest = [s for s in specs if s.kind in ("worker", "receiver")]
+    with _locked(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
+        prepare_hosts(config, config_path, specs, runner_for)
+        if comfy and config.work_dir:
             with console.status("ComfyUI: checking the install (cached; the first install takes minutes) …"):
                 root = prepare_comfy(config, lambda line: console.print(f"[dim]{line}[/]", soft_wrap=True))
             console.print(f"[green]✓[/] {'comfyui install':<18} {root}, node pack in each pool's custom_nodes", soft_wrap=True)
+        if server is None:
+            _require_api(config, console)
+        first = [s for s in (server, *comfy) if s is not None and not _served_elsewhere(s, runner_for, console)]
         # ComfyUI needs nothing from Prefect: it starts beside the server, ready before any worker
         wait = max(timeout, COMFY_START_TIMEOUT) if comfy else timeout
-        states = bring_up([server, *comfy], runner_for, timeout=wait, console=console)
+        states = bring_up(first, runner_for, timeout=wait, console=console)
         missing = [s for s in rest if s.kind == "worker" and not runner_for(s.host).inspect(s).running]
-        if deploy is not None and (states[0].spawned_at is not None or missing):
+        started_server = any(st.spec.kind == "prefect-server" and st.spawned_at is not None for st in states)
+        if deploy is not None and (started_server or missing):
             with console.status("creating work pools and deployments …"), contextlib.redirect_stdout(io.StringIO()):
                 deploy(config, config_path)  # its per-deployment tables would drown the service lines
             console.print(f"[green]✓[/] {'deployments':<18} created / updated")
         states += bring_up(rest, runner_for, timeout=timeout, console=console)
     ui = config.prefect.api_url.removesuffix("/api")
-    console.print(f"Prefect UI: {ui}   logs: {service_dir(config)}", soft_wrap=True)
+    console.print(f"Prefect UI: {ui}   logs: {logs_where(config)}", soft_wrap=True)
     return states
 
 
@@ -258,17 +313,18 @@ def stop_services(
     runner_for: RunnerFor | None = None,
     console: Console | None = None,
 ) -> list[ServiceState]:
-    """``h3flow stop --local``: workers and receivers, then the server, by PID."""
-    runner_for = _local(config, runner_for)
-    with _locked(service_dir(config) / ".lock"):
-        return bring_down(local_specs(config, config_path), runner_for, console=console or Console(highlight=False))
+    """``h3flow stop``: workers and receivers, then ComfyUI and the server, by PID."""
+    console = console or Console(highlight=False)
+    with _locked(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
+        return bring_down(service_specs(config, config_path), runner_for, console=console)
 
 
 def service_status(
     config: LocalConfig, config_path: Path, *, runner_for: RunnerFor | None = None
 ) -> list[ServiceState]:
-    """Each service of the embedded default: running or not, pid, uptime, health."""
-    return probe_all(local_specs(config, config_path), _local(config, runner_for))
+    """Each service: running or not, pid, uptime, health."""
+    with runners(config, runner_for) as runner_for:
+        return probe_all(service_specs(config, config_path), runner_for)
 
 
 def _uptime(seconds: float | None) -> str:
@@ -297,24 +353,28 @@ def render_status(states: Sequence[ServiceState]) -> Table:
 
 
 def print_service_status(config_path: Path = Path("local.json"), console: Console | None = None) -> list[ServiceState]:
-    """``h3flow status --services``: a table of every service (embedded default)."""
+    """``h3flow status --services``: a table of every service on every host."""
     config = load_local_config(config_path)
-    if not config.work_dir:
-        raise remote_not_built("status --services")
     states = service_status(config, config_path)
     console = console or Console(highlight=False)
     console.print(render_status(states))
-    console.print(f"logs and PID files: {service_dir(config)}", soft_wrap=True)
+    console.print(f"logs and PID files: {logs_where(config)}", soft_wrap=True)
     return states
 
 
+def _checked(config_path: Path, local: bool) -> LocalConfig:
+    config = load_local_config(config_path)
+    if local and not config.work_dir:
+        raise ConfigError(
+            "this local.json is not the embedded default (it has no work_dir): "
+            "make one with `h3flow config-adapt --local`, or run this without --local to act on its hosts over SSH"
+        )
+    return config
+
+
 def run_start(config_path: Path, local: bool) -> None:
-    if not local:
-        raise remote_not_built("start")
-    start_services(load_local_config(config_path), config_path)
+    start_services(_checked(config_path, local), config_path)
 
 
 def run_stop(config_path: Path, local: bool) -> None:
-    if not local:
-        raise remote_not_built("stop")
-    stop_services(load_local_config(config_path), config_path)
+    stop_services(_checked(config_path, local), config_path)

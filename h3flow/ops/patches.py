@@ -273,6 +273,37 @@ def apply_trees(comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: 
     return [_apply_checked(report, patch) for report, (patch, _) in zip(reports, pairs)]
 
 
-def run_on_host(host: str, action: str, comfy_dir: Path | None, raylight_dir: Path | None) -> list[PatchReport]:
-    """Check or apply the patches in a remote host's checkouts (over SSH, wired by the remote ops)."""
-    raise H3FlowError("--host arrives with remote ops (issue 8)")
+def run_on_host(
+    host: str,
+    action: str,
+    comfy_dir: Path | None,
+    raylight_dir: Path | None,
+    config_path: Path = Path("local.json"),
+    patches_dir: Path = PATCHES_DIR,
+) -> list[PatchReport]:
+    """Check or apply the patches in a host's checkouts over SSH.
+
+    The patch files travel with the request to the h3flow agent in the host's venv,
+    which runs :func:`check_trees` / :func:`apply_trees` there (GNU patch on that host).
+    The directories are paths on the host: the given ones, else the host's
+    ``comfy_dir`` / ``raylight_dir`` from local.json.
+    """
+    from h3flow.config import load_local_config
+    from h3flow.ops.ssh import connected
+
+    config = load_local_config(config_path)
+    if host not in config.hosts:
+        raise H3FlowError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    resolved = config.hosts[host]
+    given = comfy_dir is not None or raylight_dir is not None
+    comfy = str(comfy_dir) if given and comfy_dir else None if given else resolved.comfy_dir
+    raylight = str(raylight_dir) if given and raylight_dir else None if given else resolved.raylight_dir
+    if comfy is None and raylight is None:
+        raise H3FlowError(f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
+                          "--raylight-dir (paths on that host)")
+    texts = {name: (patches_dir / name).read_text(encoding="utf-8") for name in PATCH_FOR_TARGET.values()}
+    request = {"action": action, "comfy_dir": comfy, "raylight_dir": raylight, "patches": texts}
+    with connected(config, host) as runner:
+        answer = runner.agent("patches", request, timeout=300.0)
+    return [PatchReport(r["patch"], Path(r["tree"]), State(r["state"]), r["problem"], r["changed"])
+            for r in answer["reports"]]

@@ -2,10 +2,10 @@
 
 Why data: the embedded default (``start --local``) and the remote hosts (issue 8) run
 the *same* commands; only how a process is spawned, signalled and inspected differs
-(here: ``subprocess`` + ``/proc``; remotely: the same steps through SSH, ``setsid
-nohup ... & echo $! > pidfile``). So a service is a :class:`ServiceSpec` (argv, env,
-cwd, log, PID file, health check), built from local.json by :func:`local_specs`, and
-process control lives behind the small :class:`Runner` protocol. Health checks run on
+(here: ``subprocess`` + ``/proc``; remotely: the same steps through SSH, see
+:mod:`h3flow.ops.ssh`). So a service is a :class:`ServiceSpec` (argv, env, cwd, log,
+PID file, health check), built from local.json by :func:`local_specs` or
+:func:`remote_specs`, and process control lives behind the small :class:`Runner` protocol. Health checks run on
 the controlling machine (:func:`check_health`), against the addresses in local.json.
 
 Each service runs in its own session (``setsid``), so it has a process group to signal
@@ -27,14 +27,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
 
-import httpx
-
-from h3flow.config import LocalConfig, SecretSource
 from h3flow.errors import ConfigError, H3FlowError
 from h3flow.fsutil import atomic_write_text
+
+if TYPE_CHECKING:  # kept out of the import: the SSH agent imports this module on every remote spawn / stop
+    from h3flow.config import LocalConfig, SecretSource
 
 Kind = Literal["prefect-server", "worker", "receiver", "comfyui"]
 WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
@@ -76,6 +76,8 @@ Health = HttpHealth | WorkerHealth | ReceiverHealth
 
 def check_health(health: Health, since: float | None = None, timeout: float = 2.0) -> tuple[bool, str]:
     """One probe from this machine: (healthy, a short human-readable detail)."""
+    import httpx
+
     if isinstance(health, HttpHealth):
         try:
             reply = httpx.get(health.url, timeout=timeout)
@@ -96,6 +98,8 @@ def check_health(health: Health, since: float | None = None, timeout: float = 2.
 
 
 def _worker_health(health: WorkerHealth, since: float | None, timeout: float) -> tuple[bool, str]:
+    import httpx
+
     url = f"{health.api_url.rstrip('/')}/work_pools/{health.work_pool}/workers/filter"
     try:
         reply = httpx.post(url, json={}, timeout=timeout)
@@ -351,6 +355,100 @@ def local_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
     ]
 
 
+# --------------------------------------------------------------------------- remote hosts (a local.json without work_dir)
+REMOTE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_dir(config: LocalConfig, host: str) -> Path:
+    """A remote host's own h3flow folder, under its store root: ``services/`` (logs, PID
+    files), ``prefect-home/`` (PREFECT_HOME, the server's SQLite), ``comfyui/<pool>/``."""
+    return Path(config.hosts[host].storage.root)
+
+
+def on_host(config: LocalConfig, spec: ServiceSpec) -> ServiceSpec:
+    """A spec as it runs on its remote host: the host's env underneath, that host's
+    PREFECT_HOME, and a PATH of the host's venv and system folders (not this machine's)."""
+    from dataclasses import replace
+
+    host = config.hosts[spec.host]
+    env = {**host.env, **spec.env}
+    if "PREFECT_HOME" in env:
+        env["PREFECT_HOME"] = str(host_dir(config, spec.host) / "prefect-home")
+    if "PATH" in env:
+        env["PATH"] = f"{Path(host.venv) / 'bin'}:{REMOTE_PATH}"
+    return replace(spec, env=env)
+
+
+def remote_server_spec(config: LocalConfig, where: Callable[[str], Path]) -> ServiceSpec | None:
+    """The Prefect server, on the host whose address the API URL names (None: it runs
+    elsewhere, and ``start`` only checks that it answers). SQLite under the host's
+    prefect-home unless the host's env names a database (PostgreSQL in production)."""
+    from dataclasses import replace
+
+    address, _port = _api_host_port(config.prefect.api_url)
+    host = next((h.name for h in config.hosts.values() if h.address == address), None)
+    if host is None:
+        return None
+    home = host_dir(config, host) / "prefect-home"
+    spec = on_host(config, replace(server_spec(config, where(host)), host=host, cwd=str(home)))
+    env = dict(spec.env)
+    database = config.hosts[host].env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    env["PREFECT_API_DATABASE_CONNECTION_URL"] = database or f"sqlite+aiosqlite:///{home / 'prefect.db'}"
+    return replace(spec, argv=(_venv_bin(config, host, "prefect"), *spec.argv[1:]), env=env)
+
+
+def remote_comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """ComfyUI per pool (engine "comfy") from the host's own checkout (``comfy_dir``) and
+    venv, on the pool's address and port, pinned to the pool's devices; pools sharing a
+    host share the checkout but not the temp folder (ComfyUI empties it at start-up)."""
+    if config.engine != "comfy":
+        return []
+    specs = []
+    for pool in config.pools:
+        host = config.hosts[pool.host]
+        if not host.comfy_dir:
+            raise ConfigError(f"host {host.name!r} runs ComfyUI for pool {pool.name!r} but the host map gives no comfy_dir")
+        address = urlsplit(pool.comfy_url).hostname or host.address
+        argv = (
+            _venv_bin(config, pool.host, "python"), str(Path(host.comfy_dir) / "main.py"),
+            "--listen", address, "--port", str(pool.comfy_port),
+            "--temp-directory", str(host_dir(config, pool.host) / "comfyui" / pool.name),
+            "--disable-auto-launch",
+        )  # fmt: skip
+        env = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
+        specs.append(
+            ServiceSpec(
+                name=f"comfyui-{pool.name}",
+                kind="comfyui",
+                host=pool.host,
+                argv=argv,
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                cwd=host.comfy_dir,
+                log=str(where(pool.host) / f"comfyui-{pool.name}.log"),
+                pidfile=str(where(pool.host) / f"comfyui-{pool.name}.pid"),
+                health=HttpHealth(pool.comfy_url.rstrip("/") + "/system_stats", expect=None),
+                binds=((address, pool.comfy_port),),
+                stop_grace=20.0,
+            )
+        )
+    return specs
+
+
+def remote_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
+    """Every service of a multi-host local.json, in start order (stop goes in reverse):
+    the Prefect server (when a host serves it), ComfyUI per pool, a worker per pool,
+    the receivers; logs and PID files in ``<store root>/services`` on each host."""
+    where: Callable[[str], Path] = lambda host: host_dir(config, host) / "services"  # noqa: E731
+    server = remote_server_spec(config, where)
+    rest = [*worker_specs(config, config_path, where), *receiver_specs(config, where)]
+    return [*([server] if server else []), *remote_comfy_specs(config, where), *(on_host(config, s) for s in rest)]
+
+
+def service_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
+    """The embedded default's services (it has a work_dir) or the remote hosts'."""
+    return local_specs(config, config_path) if config.work_dir else remote_specs(config, config_path)
+
+
 # --------------------------------------------------------------------------- process control
 @dataclass(frozen=True)
 class Proc:
@@ -380,6 +478,10 @@ class Runner(Protocol):
     def tail(self, spec: ServiceSpec, lines: int = 12) -> list[str]: ...
 
     def ensure_secret(self, secret: SecretSource) -> None: ...
+
+    def sync_config(self, config_path: Path) -> None:
+        """local.json at the same absolute path on the host (flows and workers name it by that path)."""
+        ...
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -552,3 +654,6 @@ class LocalRunner:
 
         if secret.source == "file":
             ensure_secret_file(Path(str(secret.path)))
+
+    def sync_config(self, config_path: Path) -> None:
+        """Nothing to do: this machine already holds local.json."""

@@ -24,6 +24,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import os
 import posixpath
 import shlex
@@ -81,6 +82,7 @@ def remote(host: ResolvedHost, *, ssh_config: Path | None = None, timeout: float
     from h3flow.handoff.sftp import _known_hosts_files
     from h3flow.handoff.transfer import os_reason
 
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())  # its transport thread logs tracebacks
     path = ssh_config or ssh_config_file()
     config = Config(runtime_ssh_path=str(path)) if path else Config()
     known = config.base_ssh_config.lookup(host.ssh_alias)
@@ -215,7 +217,7 @@ class SshRunner:
 
     def sync_config(self, config_path: Path) -> None:
         """local.json at the same absolute path on the host: workers and deployments name it by that path."""
-        path = Path(config_path).resolve()
+        path = Path(config_path).absolute()  # the path the deployments pass to the flows
         self.put_bytes(str(path), path.read_bytes(), 0o644)
 
     # -- files over SFTP
@@ -318,3 +320,22 @@ def connected(config: LocalConfig, host: str) -> Iterator[SshRunner]:
     """One host's runner for the length of a command."""
     with SshRunners(config) as runners:
         yield runners(host)
+
+
+def install_nodes_on_host(config_path: Path, host: str, comfy_dir: str | None = None) -> tuple[str, str]:
+    """``h3flow nodes install --host``: this checkout's node pack into ``<comfy_dir>/custom_nodes/h3flow_nodes``
+    on the host (the agent there runs the same ``install_node_pack``: identical files are left
+    alone, a changed pack is replaced whole). Returns (installed | updated | unchanged, target)."""
+    from h3flow.comfy_env import PACK_SOURCE, _pack_files
+    from h3flow.config import load_local_config
+
+    config = load_local_config(config_path)
+    if host not in config.hosts:
+        raise ConfigError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    target = comfy_dir or config.hosts[host].comfy_dir
+    if not target:
+        raise ConfigError(f"host {host!r} has no comfy_dir in local.json: give --comfy-dir (a path on that host)")
+    files = {rel: base64.b64encode(data).decode() for rel, data in _pack_files(PACK_SOURCE).items()}
+    with connected(config, host) as runner:
+        answer = runner.agent("nodes_install", {"comfy_dir": target, "files": files}, timeout=120.0)
+    return answer["status"], answer["target"]

@@ -22,6 +22,7 @@ per token, so a rank only ever touches its own shard.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,7 @@ def audio_target(notes: torch.Tensor, params: torch.Tensor, steps: int, gen: tor
     return amp[None].contiguous()
 
 
-def euler(x: torch.Tensor, sigmas: torch.Tensor, predict) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def euler(x: torch.Tensor, sigmas: torch.Tensor, predict: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
     """Integrate the flow from ``sigmas[0]`` to ``sigmas[-1]`` with Euler steps."""
     for i in range(len(sigmas) - 1):
         sigma, nxt = float(sigmas[i]), float(sigmas[i + 1])

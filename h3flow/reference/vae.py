@@ -179,11 +179,21 @@ class Int8Decoder(Fp32Decoder):
         w = self.weight  # [768, 24], quantised per output channel (row)
         self.w_scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(1e-12)  # [768, 1]
         self.w_int8 = torch.round(w / self.w_scale).clamp_(-127, 127).to(torch.int8)
-        self.int_mm = self.device.type == "cuda" if int_mm is None else int_mm
         # Dequantised once for devices where int8 GEMM is not the fast path.
         self.weight = self.w_int8.to(torch.float32) * self.w_scale
         self._w_int8_t = self.w_int8.T.contiguous()  # [24, 768]
         self._scale_row = self.w_scale.reshape(1, -1)
+        self.int_mm = self._int_mm_works() if int_mm is None else int_mm
+
+    def _int_mm_works(self) -> bool:
+        """Auto mode: int8 GEMM on CUDA where this GPU and torch build run it (e.g. not before sm75)."""
+        if self.device.type != "cuda":
+            return False
+        try:
+            torch._int_mm(torch.zeros(32, VIDEO_CHANNELS, dtype=torch.int8, device=self.device), self._w_int8_t)
+        except RuntimeError:
+            return False
+        return True
 
     @property
     def weight_bytes(self) -> int:
