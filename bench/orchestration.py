@@ -28,7 +28,6 @@ from h3flow.adapt import adapt, local_host_map  # noqa: E402
 from h3flow.calibrate import fit  # noqa: E402
 from h3flow.config_cli import render  # noqa: E402
 from h3flow.fsutil import atomic_write_json  # noqa: E402
-from h3flow.manifest import load_manifest  # noqa: E402
 from h3flow.ops.lifecycle import start_services, stop_services  # noqa: E402
 from h3flow.planner import Planner, Resources, make_policy, parse_profile, simulate  # noqa: E402
 from h3flow.planner.timing import PlanClip  # noqa: E402

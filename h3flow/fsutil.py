@@ -8,6 +8,7 @@ crash leaves at most a stray ``.tmp-*`` file (never a damaged output).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -85,3 +86,36 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Pretty, key-sorted JSON with a trailing newline: stable bytes for stable input."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for a writer that needs a file *name* (FFmpeg
+    reopens its output); fsynced and renamed into place on success, removed on failure."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if missing), held for the block."""
+    lock = Path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

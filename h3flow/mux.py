@@ -12,12 +12,10 @@ sibling file (not a Python file object) that is fsynced and renamed over the tar
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -27,30 +25,11 @@ import numpy as np
 import torch
 
 from h3flow.engines.base import FileRef
-from h3flow.fsutil import fsync_dir, sha256_file
+from h3flow.fsutil import atomic_path, sha256_file
 from h3flow.specs import AUDIO_RATE, FPS
 
 AAC_FRAME = 1024
 X264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "2"}  # fixed threads: same bytes on any host
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary sibling of ``path`` for a writer that needs a file name; renamed into place on success."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{target.name}.", suffix=target.suffix, dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _as_uint8_frames(chunk: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -47,7 +47,7 @@ def test_timestamps_and_first_frame(tmp_path: Path) -> None:
     src = frames()
     path = mux_mp4(tmp_path / "t.mp4", iter(src), tone(0.5)).path
     with av.open(str(path)) as container:
-        video, audio = container.streams.video[0], container.streams.audio[0]
+        audio = container.streams.audio[0]
         assert audio.time_base == Fraction(1, 48_000)
         packets = [p for p in container.demux(audio) if p.size]
         assert all(p.duration == 1024 for p in packets[:-1]) and 0 < packets[-1].duration <= 1024

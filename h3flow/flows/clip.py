@@ -9,7 +9,6 @@ dispatcher on another host learns the latent's SHA-256 without shared storage).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from prefect.artifacts import create_table_artifact
 from h3flow.batch import Clip
 from h3flow.config import LocalConfig
 from h3flow.errors import ConfigError, IntegrityError
-from h3flow.fsutil import sha256_file
+from h3flow.fsutil import file_lock, sha256_file
 from h3flow.tasks import keys
 from h3flow.tasks import stages
 from h3flow.tasks.stages import config_at
@@ -40,14 +39,8 @@ def config_path_or_env(config_path: str | None) -> str:
 def pool_lock(config: LocalConfig, pool: str) -> Iterator[None]:
     """One clip at a time on a pool's devices, so a run queued ahead only hides start-up."""
     host = config.pool(pool).host
-    path = Path(config.hosts[host].storage.root) / "locks" / f"{pool}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(Path(config.hosts[host].storage.root) / "locks" / f"{pool}.lock"):
+        yield
 
 
 def file_ok(result: dict[str, Any]) -> bool:
