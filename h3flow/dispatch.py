@@ -10,6 +10,7 @@ can live on other hosts.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,11 @@ AHEAD = 2  # in flight per pool: one running + one queued ahead
 MAX_ATTEMPTS = 4
 POLL = 0.5
 POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
-WORKER_STALE_S = 20.0
-DECODER_GONE_S = 60.0
+# a pool is gone when its worker's last heartbeat is this old; the run fails when no decoder
+# has been alive for DECODER_GONE_S. Both can be set in a host's env in the host map (the
+# dispatcher runs under the control worker), e.g. shorter for a test lab.
+WORKER_STALE_S = float(os.environ.get("H3FLOW_WORKER_STALE_S", "20"))
+DECODER_GONE_S = float(os.environ.get("H3FLOW_DECODER_GONE_S", "60"))
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 

@@ -80,7 +80,9 @@ class Cluster:
 def make_cluster(workdir: Path, engine: str = "local") -> Cluster:
     """``engine="comfy"``: the stages run in one real local ComfyUI per pool (started by ``start``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    hm = local_host_map(workdir, base_port=random.randint(30000, 50000), engine=engine)  # type: ignore[arg-type]
+    # below the kernel's ephemeral range (32768-60999): an outgoing connection can take a port
+    # there between config-adapt's check and the service's bind (ComfyUI binds ~30 s later)
+    hm = local_host_map(workdir, base_port=random.randint(20000, 32000), engine=engine)  # type: ignore[arg-type]
     config = adapt(hm, work_dir=str(workdir.resolve()))
     path = workdir / "local.json"
     atomic_write_json(path, render(config))

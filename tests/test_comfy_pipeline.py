@@ -12,7 +12,6 @@ The first tests need no server: the services and the config that engine makes.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -95,7 +94,11 @@ def test_the_demo_keeps_each_engines_work_dir_apart(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     c = make_cluster(tmp_path_factory.mktemp("comfy-pipeline"), engine="comfy")
-    c.start()  # installs ComfyUI if not cached, then ComfyUI ×3, Prefect, workers, receiver
+    try:
+        c.start()  # installs ComfyUI if not cached, then ComfyUI ×3 beside Prefect, then workers, receiver
+    except BaseException:
+        c.stop()  # what did start must not outlive a failed start
+        raise
     yield c
     c.stop()
 
@@ -176,6 +179,14 @@ def test_a_batch_runs_through_real_workers_and_real_comfyui_servers(cluster: Clu
     assert count("H3ReferenceEncode", ("b",)) == count("H3ReferenceSample", ("b",)) == 0
 
 
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (this test process spawned it and has not reaped it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 @pytest.mark.comfy
 @pytest.mark.prefect
 def test_stop_ends_every_comfyui(cluster: Cluster) -> None:
@@ -184,7 +195,7 @@ def test_stop_ends_every_comfyui(cluster: Cluster) -> None:
     pids = {pool.name: cluster.pidfile_pid(f"comfyui-{pool.name}") for pool in config.pools}
     cluster.stop()
     for pool in config.pools:
-        assert not Path(f"/proc/{pids[pool.name]}").exists() or "Z" in Path(f"/proc/{pids[pool.name]}/stat").read_text().split()[2]
+        assert gone(pids[pool.name]), pool.name
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{pool.comfy_url}/system_stats", timeout=2)
     assert not list((cluster.workdir / "services").glob("comfyui-*.pid"))

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import json
 import logging
 import os
 import posixpath
 import shlex
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -153,22 +153,36 @@ class SshRunner:
 
     # -- remote commands
     def exec(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
-        """Run ``argv`` on the host (quoted with shlex.join); returns (exit status, stdout, stderr)."""
-        from invoke.exceptions import CommandTimedOut
+        """Run ``argv`` on the host (quoted with shlex.join); returns (exit status, stdout, stderr).
+
+        ``timeout`` bounds each wait for output or for the exit. A command that exits
+        without reading its stdin is no error: its status and output still come back.
+        """
         from paramiko import SSHException
 
         from h3flow.handoff.transfer import os_reason
 
-        conn = self.conn
         try:
-            result = conn.run(shlex.join(argv), hide=True, warn=True, timeout=timeout,
-                              in_stream=io.StringIO(stdin) if stdin is not None else False)
-        except CommandTimedOut:
-            raise TransientError(f"{self.where}: `{argv[0]}` did not finish in {timeout:g} s") from None
-        except (SSHException, OSError, EOFError) as exc:
+            channel = self.conn.client.get_transport().open_session(timeout=timeout)
+            channel.settimeout(timeout)
+            channel.exec_command(shlex.join(argv))
+            if stdin is not None:
+                with contextlib.suppress(OSError):  # it exited before reading (e.g. no such program)
+                    channel.sendall(stdin.encode())
+            channel.shutdown_write()
+            err = bytearray()
+            reader = threading.Thread(target=lambda: err.extend(channel.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            out = channel.makefile("rb").read()
+            reader.join(timeout)
+            status = channel.recv_exit_status()
+            channel.close()
+        except TimeoutError:
+            raise TransientError(f"{self.where}: `{argv[0]}` gave no sign of life for {timeout:g} s") from None
+        except (SSHException, OSError, EOFError, AttributeError) as exc:  # AttributeError: no transport left
             self.close()
             raise TransientError(f"{self.where}: the ssh session failed: {os_reason(exc)}") from None
-        return int(result.exited), result.stdout, result.stderr
+        return status, out.decode(errors="replace"), err.decode(errors="replace")
 
     def agent(self, op: str, request: dict[str, Any], *, timeout: float = 120.0) -> dict[str, Any]:
         """Ask the h3flow agent in the host's venv to do ``op`` (see :mod:`h3flow.ops.agent`)."""
