@@ -139,6 +139,8 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Manifest:
+        """Dispatch until every clip is delivered or failed; returns the manifest with its
+        final state set but not yet saved (``wait`` ends when it sees that state)."""
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or time.time()
         self.retransfer |= reconcile(self.config, self.manifest)
@@ -161,8 +163,7 @@ class Dispatcher:
         self.manifest.finished = time.time()
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
-        self.save()
-        return self.manifest
+        return self.manifest  # unsaved: the caller saves the final state once the report is out
 
     def submit_samples(self) -> bool:
         changed = False

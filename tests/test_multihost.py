@@ -50,10 +50,12 @@ class MultiHost:
         return load_local_config(self.config_path)
 
     def h3(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """The real CLI, as the operator runs it on the controller (this machine)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220")
-        return subprocess.run([H3FLOW, *args, "--config", str(self.config_path)], capture_output=True, text=True,
-                              env=env, timeout=timeout, cwd=self.root)
+        config = [] if args[0] == "config-adapt" else ["--config", str(self.config_path)]
+        return subprocess.run([H3FLOW, *args, *config], capture_output=True, text=True, env=env, timeout=timeout,
+                              cwd=self.root)
 
     def preflight(self) -> tuple[int, dict[tuple[str, str], dict]]:
         done = self.h3("preflight", "--json")

@@ -86,6 +86,7 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
             markdown=f"![Gantt chart of run {result.run_id}]({gantt_data_uri(paths['gantt'])})\n\n`{paths['gantt']}`",
             description=f"h3flow run {result.run_id}: the run as executed",
         )
+    save_manifest(config.runs_dir, result)  # the final state, last: `wait` returns on it
     if result.state == "failed":
         raise RuntimeError(f"run {result.run_id} failed: {result.error or ', '.join(c.clip.id for c in result.failed)}")
     return {"run_id": result.run_id, "state": result.state, "delivered": len(result.delivered)}

@@ -19,6 +19,7 @@ from prefect.artifacts import create_table_artifact
 
 from h3flow.batch import Clip
 from h3flow.config import LocalConfig
+from h3flow.engines import engine_for
 from h3flow.errors import ConfigError, IntegrityError
 from h3flow.fsutil import file_lock, sha256_file
 from h3flow.tasks import keys
@@ -83,6 +84,8 @@ def sample_clip(
     results = Path(config.hosts[pool_.host].storage.root) / "prefect-results"
     common = {"clip": clip, "pool": pool, "config_path": path}
     records: dict[str, dict[str, Any]] = {}
+    engine_for(config, config.pool(pool).encoder_pool or pool)  # imports + weights load while the
+    engine_for(config, pool)  # pool's previous clip still holds the lock: start-up stays hidden
     with pool_lock(config, pool):
         records["encode"] = run_stage(
             stages.encode, results, file_ok, key=keys.encode_key(clip_, config.model), **common
@@ -130,6 +133,7 @@ def decode_clip(
     if not latent.exists() or sha256_file(latent) != latent_sha256:
         latent.unlink(missing_ok=True)  # a damaged copy must be re-sent, never decoded
         raise IntegrityError(f"{CORRUPT}: latent {latent_sha256[:12]} on {pool_.host} is missing or damaged")
+    engine_for(config, decoder)  # start-up outside the lock, hidden behind the running decode
     with pool_lock(config, decoder):
         record = run_stage(
             stages.decode,
