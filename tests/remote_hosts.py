@@ -27,7 +27,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def host_map(root: Path, alias: str, *, production: bool = False, decoder_alias: str | None = None) -> HostMap:
+def host_map(root: Path, alias: str, *, production: bool = False, decoder_alias: str | None = None,
+             api_url: str | None = None) -> HostMap:
     """host-a samples, host-b decodes; both behind ``alias`` (tcp transfer, file secret).
 
     ``production``: engine comfy, MiniMax H3 on two T10s (sm75) — what this machine
@@ -44,7 +45,7 @@ def host_map(root: Path, alias: str, *, production: bool = False, decoder_alias:
     return HostMap(
         engine="comfy" if production else "local",
         topology="2" if production else "one_one_plus_one",
-        prefect=PrefectSettings(api_url=f"http://127.0.0.1:{free_port()}/api"),
+        prefect=PrefectSettings(api_url=api_url or f"http://127.0.0.1:{free_port()}/api"),
         model=Model() if production else REFERENCE,
         hosts=[host("host-a", ["encode", "sample"], gpus, alias),
                host("host-b", ["decode"], [T10[0]] if production else [CPU], decoder_alias or alias)],

@@ -371,7 +371,7 @@ def test_nodes_install_errors_are_one_line(tmp_path: Path) -> None:
     runner = CliRunner()
     not_comfy = runner.invoke(app, ["nodes", "install", "--comfy-dir", str(tmp_path)])
     assert not_comfy.exit_code == 2 and "is not a ComfyUI folder" in not_comfy.output and "Traceback" not in not_comfy.output
-    host = runner.invoke(app, ["nodes", "install", "--host", "a0"])
-    assert host.exit_code == 2 and "--host arrives with remote ops (issue 8)" in host.output
+    host = runner.invoke(app, ["nodes", "install", "--host", "a0", "--config", str(tmp_path / "local.json")])
+    assert host.exit_code == 2 and "local.json: no such file" in host.output  # --host: tests/test_remote_ops.py
     missing = runner.invoke(app, ["nodes", "install", "--comfy-dir", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "no such folder" in missing.output

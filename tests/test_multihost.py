@@ -203,7 +203,7 @@ def test_a_host_cut_off_the_lan_is_named_by_preflight(mh: MultiHost) -> None:
 
 
 def test_a_sampler_pool_dying_mid_batch_is_routed_around(mh: MultiHost) -> None:
-    run_id = mh.submit(write_batch(mh.root / "kill.json", [{"id": f"k{i}", "seed": 100 + i, "seconds": 4} for i in range(4)]))
+    run_id = mh.submit(write_batch(mh.root / "kill.json", [{"id": f"k{i}", "seed": 100 + i} for i in range(4)]))
     wait_until(lambda: any(line["pool"] == "xtx" and line["clip"].startswith("k") for line in mh.journal("xtx")),
                180, "pool xtx to start sampling a clip")
     kill_tree(mh.pid("worker-h3-xtx"))

@@ -207,7 +207,8 @@ def test_cli_check_then_apply_then_check(tmp_path: Path) -> None:
     [
         (("--comfy-dir", "/nonexistent/ComfyUI"), "error: --comfy-dir /nonexistent/ComfyUI: not a directory"),
         ((), "error: give --comfy-dir and/or --raylight-dir (or --host NAME)"),
-        (("--host", "xtx"), "error: --host arrives with remote ops (issue 8)"),
+        (("--host", "xtx", "--config", "/nonexistent/local.json"),
+         "error: /nonexistent/local.json: no such file (run `h3flow config-adapt` first)"),
     ],
     ids=["missing-dir", "no-dir", "host"],
 )

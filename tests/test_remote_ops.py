@@ -9,12 +9,14 @@ on the host; what happens with unknown keys, a missing venv, and shell metachara
 
 from __future__ import annotations
 
+import io
 import os
-import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from typer.testing import CliRunner
 from h3flow.cli import app
 from h3flow.config import ResolvedHost
 from h3flow.errors import H3FlowError, TransientError
-from h3flow.ops.lifecycle import bring_down, bring_up, probe_all
+from h3flow.ops.lifecycle import _served_elsewhere, bring_down, bring_up, probe_all
 from h3flow.ops.services import HttpHealth, ServiceSpec, remote_specs
 from h3flow.ops.ssh import SSH_CONFIG_ENV, SshRunner, SshRunners, remote
 from remote_hosts import free_port, host_map, write_config
@@ -284,5 +286,37 @@ def test_start_and_stop_without_local_go_over_ssh_and_name_an_unreachable_host(s
         result = cli.invoke(app, [command, "--config", str(path)])
         assert result.exit_code != 0 and "Traceback" not in result.output
         assert "cannot reach host host-b (ssh h8-down)" in result.output, result.output
+    stopped = cli.invoke(app, ["stop", "--config", str(path)])  # host-a's services are still stopped
+    assert "worker-h3-a0" in stopped.output and "stopped what runs on the other hosts, but" in stopped.output
     local = cli.invoke(app, ["start", "--local", "--config", str(path)])
     assert local.exit_code == 2 and "no work_dir" in local.output
+
+
+def test_a_prefect_api_served_by_others_is_used_and_one_nowhere_is_a_clear_error(sshd: SshServer, tmp_path: Path) -> None:
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)  # a Prefect API h3flow did not start
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+        cfg, path = write_config(tmp_path, host_map(tmp_path, sshd.alias, api_url=url))
+        spec = next(s for s in remote_specs(cfg, path) if s.kind == "prefect-server")
+        out = io.StringIO()
+        with SshRunners(cfg) as runners:
+            assert _served_elsewhere(spec, runners, Console(file=out, highlight=False, width=200)) is True
+        assert "prefect-server     already served (/api/health → true; not started by h3flow: left alone)" in out.getvalue()
+    finally:
+        server.shutdown()
+        server.server_close()
+    elsewhere = tmp_path / "elsewhere"
+    _, path = write_config(elsewhere, host_map(elsewhere, sshd.alias, api_url=f"http://127.0.0.2:{free_port()}/api"))
+    result = cli.invoke(app, ["start", "--config", str(path)])
+    assert result.exit_code == 2 and "the Prefect API does not answer" in result.output
+    assert "no host of local.json has the address of http://127.0.0.2:" in result.output

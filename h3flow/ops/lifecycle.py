@@ -313,10 +313,31 @@ def stop_services(
     runner_for: RunnerFor | None = None,
     console: Console | None = None,
 ) -> list[ServiceState]:
-    """``h3flow stop``: workers and receivers, then ComfyUI and the server, by PID."""
+    """``h3flow stop``: workers and receivers, then ComfyUI and the server, by PID.
+
+    A host that cannot be reached does not keep the others running: what runs
+    elsewhere is stopped, then one error names the hosts left as they were.
+    """
     console = console or Console(highlight=False)
     with _locked(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
-        return bring_down(service_specs(config, config_path), runner_for, console=console)
+        specs = service_specs(config, config_path)
+        unreachable = _unreachable(specs, runner_for)
+        states = bring_down([s for s in specs if s.host not in unreachable], runner_for, console=console)
+    if unreachable:
+        left = "; ".join(unreachable.values())
+        raise H3FlowError(f"stopped what runs on the other hosts, but {left} (its services were left as they are)")
+    return states
+
+
+def _unreachable(specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> dict[str, str]:
+    """The hosts whose first service cannot even be inspected, with why."""
+    out: dict[str, str] = {}
+    for spec in {s.host: s for s in reversed(specs)}.values():
+        try:
+            runner_for(spec.host).inspect(spec)
+        except H3FlowError as exc:
+            out[spec.host] = str(exc)
+    return out
 
 
 def service_status(

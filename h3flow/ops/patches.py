@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from h3flow.errors import H3FlowError
 
@@ -301,9 +302,18 @@ def run_on_host(
     if comfy is None and raylight is None:
         raise H3FlowError(f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
                           "--raylight-dir (paths on that host)")
-    texts = {name: (patches_dir / name).read_text(encoding="utf-8") for name in PATCH_FOR_TARGET.values()}
-    request = {"action": action, "comfy_dir": comfy, "raylight_dir": raylight, "patches": texts}
     with connected(config, host) as runner:
-        answer = runner.agent("patches", request, timeout=300.0)
+        answer = runner.agent("patches", agent_request(action, comfy, raylight, patches_dir), timeout=300.0)
+    return reports_from(answer)
+
+
+def agent_request(action: str, comfy_dir: str | None, raylight_dir: str | None,
+                  patches_dir: Path = PATCHES_DIR) -> dict[str, object]:
+    """What the h3flow agent on a host needs to check / apply: the dirs there and this checkout's patch texts."""
+    texts = {name: (patches_dir / name).read_text(encoding="utf-8") for name in PATCH_FOR_TARGET.values()}
+    return {"action": action, "comfy_dir": comfy_dir, "raylight_dir": raylight_dir, "patches": texts}
+
+
+def reports_from(answer: dict[str, Any]) -> list[PatchReport]:
     return [PatchReport(r["patch"], Path(r["tree"]), State(r["state"]), r["problem"], r["changed"])
             for r in answer["reports"]]

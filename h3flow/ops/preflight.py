@@ -191,13 +191,10 @@ def _clock(runner: Any) -> tuple[float, float] | None:
 
 
 def _patch_request(view: HostView) -> dict[str, Any] | None:
-    from h3flow.ops.patches import PATCH_FOR_TARGET, PATCHES_DIR
+    from h3flow.ops.patches import agent_request
 
     comfy, raylight = view.host.comfy_dir, view.host.raylight_dir
-    if not comfy and not raylight:
-        return None
-    texts = {name: (PATCHES_DIR / name).read_text(encoding="utf-8") for name in PATCH_FOR_TARGET.values()}
-    return {"action": "check", "comfy_dir": comfy, "raylight_dir": raylight, "patches": texts}
+    return agent_request("check", comfy, raylight) if comfy or raylight else None
 
 
 def _needs_patches(view: HostView) -> str | None:
@@ -236,12 +233,10 @@ def gather(view: HostView, runner: Any) -> None:
             view.skew = None
     request = _patch_request(view)
     if request is not None and _needs_patches(view) is None and view.facts is not None:
-        try:
-            from h3flow.ops.patches import PatchReport, State
+        from h3flow.ops.patches import reports_from
 
-            answer = runner.agent("patches", request, timeout=300.0)
-            view.patches = [PatchReport(r["patch"], Path(r["tree"]), State(r["state"]), r["problem"])
-                            for r in answer["reports"]]
+        try:
+            view.patches = reports_from(runner.agent("patches", request, timeout=300.0))
         except H3FlowError as exc:
             view.patches = str(exc)
 
