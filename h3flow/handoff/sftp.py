@@ -147,15 +147,23 @@ def _open_creating_dirs(sftp: Any, path: str) -> Any:
 def _connect(alias: str, ssh_config: Path | None, timeout: float, where: str) -> Connection:
     """A fabric connection to ``alias`` with host keys enforced and paramiko tuned for bulk data."""
     from fabric import Config, Connection
-    from paramiko import AuthenticationException, BadHostKeyException, RejectPolicy, SSHException, Transport
+    from paramiko import Transport
 
     config = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else Config()
     factory = functools.partial(Transport, default_window_size=WINDOW, default_max_packet_size=MAX_PACKET)
     conn = Connection(alias, config=config, connect_timeout=max(1, round(timeout)),
                       connect_kwargs={"transport_factory": factory, "banner_timeout": timeout,
                                       "auth_timeout": timeout})
+    return open_verified(conn, where)
+
+
+def open_verified(conn: Any, where: str) -> Any:
+    """Open a fabric Connection with host keys checked against known_hosts (never trusted on
+    first use); every failure becomes one line naming ``where`` (transient ones retryable)."""
+    from paramiko import AuthenticationException, BadHostKeyException, RejectPolicy, SSHException
+
     conn.client.set_missing_host_key_policy(RejectPolicy())
-    for known_hosts in _known_hosts_files(conn.ssh_config):
+    for known_hosts in known_hosts_files(conn.ssh_config):
         if known_hosts.is_file():
             conn.client.get_host_keys().load(str(known_hosts))
     target = f"{conn.host}:{conn.port}"
@@ -175,7 +183,7 @@ def _connect(alias: str, ssh_config: Path | None, timeout: float, where: str) ->
     return conn
 
 
-def _known_hosts_files(ssh_config: Any) -> list[Path]:
+def known_hosts_files(ssh_config: Any) -> list[Path]:
     """The known_hosts files the SSH config names (OpenSSH's defaults otherwise)."""
     files: list[Path] = []
     for key, default in (("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),

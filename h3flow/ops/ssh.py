@@ -77,10 +77,8 @@ def where(host: ResolvedHost) -> str:
 def remote(host: ResolvedHost, *, ssh_config: Path | None = None, timeout: float = CONNECT_TIMEOUT) -> Connection:
     """An open fabric connection to ``host``, its host key checked against known_hosts."""
     from fabric import Config, Connection
-    from paramiko import AuthenticationException, BadHostKeyException, RejectPolicy, SSHException
 
-    from h3flow.handoff.sftp import _known_hosts_files
-    from h3flow.handoff.transfer import os_reason
+    from h3flow.handoff.sftp import open_verified
 
     logging.getLogger("paramiko").addHandler(logging.NullHandler())  # its transport thread logs tracebacks
     path = ssh_config or ssh_config_file()
@@ -96,25 +94,7 @@ def remote(host: ResolvedHost, *, ssh_config: Path | None = None, timeout: float
         connect_timeout=max(1, round(timeout)),
         connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout},
     )
-    conn.client.set_missing_host_key_policy(RejectPolicy())
-    for known_hosts in _known_hosts_files(conn.ssh_config):
-        if known_hosts.is_file():
-            conn.client.get_host_keys().load(str(known_hosts))
-    at = f"{conn.host}:{conn.port}"
-    try:
-        conn.open()
-    except BadHostKeyException:
-        raise H3FlowError(f"{where(host)}: the host key of {at} does not match known_hosts (refusing)") from None
-    except AuthenticationException as exc:
-        raise H3FlowError(f"{where(host)}: ssh authentication to {at} failed: {exc}") from None
-    except (OSError, EOFError) as exc:
-        raise TransientError(f"cannot reach {where(host)} at {at}: {os_reason(exc)}") from None
-    except SSHException as exc:
-        if "known_hosts" in str(exc):
-            raise H3FlowError(f"{where(host)}: the host key of {at} is not in known_hosts (refusing); "
-                              f"add it with ssh-keyscan or one manual ssh") from None
-        raise TransientError(f"cannot open ssh to {where(host)} at {at}: {exc}") from None
-    return conn
+    return open_verified(conn, where(host))
 
 
 def spec_json(spec: ServiceSpec) -> dict[str, Any]:
