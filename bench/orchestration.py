@@ -6,7 +6,8 @@ Starts the embedded default (a real Prefect server, workers, receiver) in a scra
 work dir, runs batches of tiny reference-model clips through it, then calibrates the
 planner's profile from each run's own measured stage durations and simulates the same
 batch on the same topology with it. Prints executed ÷ planned (goal <= 1.05) and the
-dispatcher's own time per clip (API calls and bookkeeping) in ms.
+dispatcher's own work per clip (submitting its two flow runs and reading their
+records through the API) in ms.
 """
 
 from __future__ import annotations

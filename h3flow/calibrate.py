@@ -1,11 +1,10 @@
 """``h3flow calibrate RUN_ID…``: refit the planner's profile from what runs measured.
 
-For each sampler pool and decoder, the time a clip really occupies it is read off the
-runs: the gap between the starts of consecutive clips on the same pool while it stays
-busy (the dispatcher keeps one clip queued ahead, so the gap is the pool's real
-per-clip cost, start-up overheads that are not hidden included); a lone clip counts
-its measured stage seconds. The profile's stage for that (GPU model, degree, spec) is
-set so the simulated occupancy equals the median measured one. Everything else is
+For each sampler pool and decoder, what a clip really cost it is read off the runs as
+throughput (see :func:`occupancy`), so the overheads of a real run — flow-run
+start-up, API round trips — are in the profile and the planner predicts what the
+cluster delivers. The profile's stage for that (GPU model, degree, spec) is set so the
+simulated cost equals the median measured one. Everything else is
 copied from the base profile. The result is a TOML file `plan --profile` reads.
 """
 
@@ -27,28 +26,32 @@ MIN_SECONDS = 0.01
 
 
 def occupancy(manifests: list[Manifest], lane: str) -> dict[tuple[str, str], list[float]]:
-    """(pool or decoder, spec) -> per-clip seconds it was held. ``lane``: "sample" or "decode"."""
-    first_stage = "encode" if lane == "sample" else "decode"
+    """(pool or decoder, spec) -> seconds per clip it really cost. ``lane``: "sample" or "decode".
+
+    Measured as throughput, as the operator experiences it: a resource that took clips
+    from its first submission to its last completion over span S for n clips cost S/n
+    per clip — flow-run start-up, API round trips and whatever the queue-ahead did not
+    hide included. Runs without the dispatcher's timeline fall back to the executed
+    stage seconds (encode start to sample end; decode).
+    """
+    start_key, end_key = ("sample_submitted", "sampled") if lane == "sample" else ("decode_submitted", "delivered")
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
     for manifest in manifests:
-        per_resource: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+        spans: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
         for rec in manifest.clips.values():
-            first = rec.stages.get(first_stage)
-            last = rec.stages.get("sample" if lane == "sample" else "decode")
             resource = rec.pool if lane == "sample" else rec.decoder
-            if not (first and last and resource) or first.started is None or last.started is None:
+            if not resource or rec.state != "delivered":
                 continue
-            if first.cached or last.cached:
+            if start_key in rec.timeline and end_key in rec.timeline:
+                spans[(resource, rec.clip.spec)].append((rec.timeline[start_key], rec.timeline[end_key]))
                 continue
-            end = last.started + (last.seconds or 0.0)
-            per_resource[resource].append((first.started, end, rec.clip.spec))
-        for resource, runs in per_resource.items():
-            runs.sort()
-            for (start, end, spec), following in zip(runs, [*runs[1:], None]):
-                if following is not None and following[0] <= end + 1.0 and following[2] == spec:
-                    out[(resource, spec)].append(following[0] - start)  # busy back to back
-                else:
-                    out[(resource, spec)].append(end - start)
+            first, last = (rec.stages.get("encode"), rec.stages.get("sample")) if lane == "sample" else (
+                rec.stages.get("decode"), rec.stages.get("decode"))
+            if first and last and first.started is not None and last.started is not None and not last.cached:
+                out[(resource, rec.clip.spec)].append(last.started + (last.seconds or 0.0) - first.started)
+        for key, runs in spans.items():
+            span = max(end for _, end in runs) - min(start for start, _ in runs)
+            out[key].extend([span / len(runs)] * len(runs))
     return out
 
 

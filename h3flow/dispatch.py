@@ -130,6 +130,14 @@ class Dispatcher:
         if self.on_change:
             self.on_change(self.manifest)
 
+    def timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Per-clip dispatcher work (submitting a child, reading its records), summed in the manifest."""
+        tick = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.manifest.dispatch_overhead_s += time.perf_counter() - tick
+
     def in_flight(self, pool: str) -> int:
         return sum(1 for c in self.children.values() if c.pool == pool)
 
@@ -146,14 +154,12 @@ class Dispatcher:
         self.retransfer |= reconcile(self.config, self.manifest)
         self.save()
         while True:
-            tick = time.perf_counter()
             changed = self.poll_children()
             changed |= self.check_pools()
             changed |= self.submit_decodes()
             changed |= self.submit_samples()
             if changed:
                 self.save()
-            self.manifest.dispatch_overhead_s += time.perf_counter() - tick
             if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
                 break
             if self.no_decoder_left():
@@ -179,6 +185,7 @@ class Dispatcher:
             decoder = self.pick_decoder()
             rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
             rec.attempts += 1
+            rec.timeline["sample_submitted"] = now
             params = {
                 "run_id": self.manifest.run_id,
                 "clip": rec.clip.model_dump(mode="json"),
@@ -187,7 +194,7 @@ class Dispatcher:
                 "config_path": self.config_path,
                 "retransfer": rec.clip.id in self.retransfer,
             }
-            run_id = self.api.submit(f"sample-clip/{pool}", params, f"{self.manifest.run_id}-{rec.clip.id}-s{rec.attempts}")
+            run_id = self.timed(self.api.submit, f"sample-clip/{pool}", params, f"{self.manifest.run_id}-{rec.clip.id}-s{rec.attempts}")
             self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
             start = max(self.state.busy_until.get(pool, now), now)
             self.state.busy_until[pool] = start + self.state.estimate(pool, rec.clip.spec, "sample")
@@ -214,8 +221,9 @@ class Dispatcher:
                 "config_path": self.config_path,
             }
             rec.state = "decoding"
+            rec.timeline["decode_submitted"] = time.time()
             key = f"{self.manifest.run_id}-{rec.clip.id}-d{rec.attempts}-{len(self.children)}-{time.time():.0f}"
-            run_id = self.api.submit(f"decode-clip/{decoder}", params, key)
+            run_id = self.timed(self.api.submit, f"decode-clip/{decoder}", params, key)
             self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, time.time())
             changed = True
         return changed
@@ -230,7 +238,7 @@ class Dispatcher:
             child = self.children.pop(run_id)
             rec = self.manifest.clips[child.clip_id]
             if state == "COMPLETED":
-                self.completed(child, rec, self.api.records(run_id))
+                self.completed(child, rec, self.timed(self.api.records, run_id))
             else:
                 self.failed(child, rec, state, message or state.lower())
             changed = True
@@ -250,6 +258,7 @@ class Dispatcher:
         if child.kind == "sample":
             rec.latent_sha256 = records["transfer"]["sha256"]
             rec.state = "sampled"
+            rec.timeline["sampled"] = time.time()
             self.retransfer.discard(rec.clip.id)
             took = time.time() - child.submitted
             self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(took)
@@ -258,6 +267,7 @@ class Dispatcher:
             rec.output = records["decode"]["path"]
             rec.output_sha256 = records["decode"]["sha256"]
             rec.state = "delivered"
+            rec.timeline["delivered"] = time.time()
 
     def failed(self, child: Child, rec: ClipRecord, state: str, message: str) -> None:
         corrupt = "latent-corrupt" in message

@@ -61,6 +61,9 @@ class ClipRecord(BaseModel):
     error: str | None = None
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     planned: dict[str, float] = Field(default_factory=dict)
+    timeline: dict[str, float] = Field(
+        default_factory=dict, description="dispatcher's clock: sample_submitted, sampled, decode_submitted, delivered"
+    )
 
 
 class Manifest(BaseModel):
@@ -77,7 +80,7 @@ class Manifest(BaseModel):
     finished: float | None = None
     error: str | None = None
     planned_makespan: float | None = None
-    dispatch_overhead_s: float = Field(0.0, description="the dispatcher's own time: API calls and bookkeeping")
+    dispatch_overhead_s: float = Field(0.0, description="the dispatcher's per-clip API work: submitting children, reading their records")
     clips: dict[str, ClipRecord]
 
     @property
