@@ -34,4 +34,4 @@ bench: venv
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .h3flow .pytest_cache .hypothesis
+	rm -rf $(VENV) .h3flow .h3flow-comfy .pytest_cache .hypothesis

@@ -2,7 +2,7 @@
 
 Each command is a thin wrapper that imports its implementation lazily (so ``--help``
 stays fast) and turns :class:`~h3flow.errors.H3FlowError` into a one-line message
-with exit code 2. Commands that are not built yet say which issue brings them.
+with exit code 2.
 """
 
 from __future__ import annotations
@@ -56,10 +56,6 @@ def operator_command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def not_built(issue: int) -> None:
-    raise H3FlowError(f"not built yet: this command arrives with issue {issue}")
-
-
 # --------------------------------------------------------------------------- config
 @app.command("config-adapt")
 @operator_command
@@ -81,7 +77,7 @@ def config_adapt(
     run_config_adapt(host_map, output, topology, check, local, workdir, base_port, engine)
 
 
-# --------------------------------------------------------------------------- plan (issue 3)
+# --------------------------------------------------------------------------- plan
 @app.command()
 @operator_command
 def plan(
@@ -108,7 +104,7 @@ def plan(
     )
 
 
-# --------------------------------------------------------------------------- latents (issue 4)
+# --------------------------------------------------------------------------- latents
 @latent_app.command("inspect")
 @operator_command
 def latent_inspect(
@@ -200,17 +196,7 @@ def store_gc(
     gc_store(store, keep or [], keep_from or [], dry_run)
 
 
-# --------------------------------------------------------------------------- pipeline (issue 6)
-def _stub(name: str, issue: int, doc: str, parent: typer.Typer = app) -> None:
-    def command() -> None:
-        not_built(issue)
-
-    command.__doc__ = f"{doc} [not built yet: issue {issue}]"
-    parent.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-        operator_command(command)
-    )
-
-
+# --------------------------------------------------------------------------- pipeline
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="local.json from config-adapt.")]
 
 
@@ -341,7 +327,7 @@ def demo(
     raise typer.Exit(run_demo(workdir or default_workdir(engine), keep, base_port, batch or DEMO_BATCH, engine=engine))
 
 
-# --------------------------------------------------------------------------- ComfyUI (issue 7)
+# --------------------------------------------------------------------------- ComfyUI
 @nodes_app.command("install")
 @operator_command
 def nodes_install(
@@ -367,7 +353,7 @@ def nodes_install(
     typer.echo(f"{PACK_NAME}: {status} in {Path(comfy_dir) / 'custom_nodes' / PACK_NAME}")
 
 
-# --------------------------------------------------------------------------- remote ops (issue 8)
+# --------------------------------------------------------------------------- remote ops
 @app.command()
 @operator_command
 def preflight(
