@@ -121,7 +121,7 @@ class Dispatcher:
         self.children: dict[str, Child] = {}
         self.state = LiveState()
         self.retransfer: set[str] = set()
-        self.decoder_lost_since: float | None = None
+        self.pools_lost_since: float | None = None
         self.pools_checked = 0.0
 
     # ------------------------------------------------------------------ bookkeeping
@@ -166,8 +166,9 @@ class Dispatcher:
                 self.save()
             if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
                 break
-            if self.no_decoder_left():
-                self.fail_run("no decoder is alive: every decoder's worker stopped heart-beating")
+            if self.no_pool_left():
+                role = "decoder" if not self.live_pools("decode") else "sampler pool"
+                self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
                 break
             self.api.pause(POLL)
         self.manifest.finished = time.time()
@@ -316,12 +317,14 @@ class Dispatcher:
                 changed = True
         return changed
 
-    def no_decoder_left(self) -> bool:
-        if self.live_pools("decode"):
-            self.decoder_lost_since = None
+    def no_pool_left(self) -> bool:
+        """True once no decoder — or, with clips still to sample, no sampler — has been alive for DECODER_GONE_S."""
+        waiting = any(c.state == "pending" for c in self.manifest.clips.values())
+        if self.live_pools("decode") and (self.live_pools("sample") or not waiting):
+            self.pools_lost_since = None
             return False
-        self.decoder_lost_since = self.decoder_lost_since or time.time()
-        return time.time() - self.decoder_lost_since > DECODER_GONE_S
+        self.pools_lost_since = self.pools_lost_since or time.time()
+        return time.time() - self.pools_lost_since > DECODER_GONE_S
 
     def fail_run(self, why: str) -> None:
         for child_id in list(self.children):
