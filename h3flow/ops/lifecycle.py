@@ -15,7 +15,6 @@ alone, a stale PID file is replaced.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from h3flow.config import LocalConfig, load_local_config
 from h3flow.errors import ConfigError, H3FlowError
+from h3flow.fsutil import file_lock
 from h3flow.ops.services import (
     HttpHealth,
     LocalRunner,
@@ -186,15 +186,6 @@ def probe_all(specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> list[Servi
     return states
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One start / stop at a time per work dir (a second one waits, then finds the work done)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 # --------------------------------------------------------------------------- this machine or the hosts
 def _lock_path(config: LocalConfig, config_path: Path) -> Path:
     if config.work_dir:
@@ -282,7 +273,7 @@ def start_services(
     server = next((s for s in specs if s.kind == "prefect-server"), None)
     comfy = [s for s in specs if s.kind == "comfyui"]  # engine "comfy": one ComfyUI per pool
     rest = [s for s in specs if s.kind in ("worker", "receiver")]
-    with _locked(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
+    with file_lock(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
         prepare_hosts(config, config_path, specs, runner_for)
         if comfy and config.work_dir:
             with console.status("ComfyUI: checking the install (cached; the first install takes minutes) …"):
@@ -319,7 +310,7 @@ def stop_services(
     elsewhere is stopped, then one error names the hosts left as they were.
     """
     console = console or Console(highlight=False)
-    with _locked(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
+    with file_lock(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
         specs = service_specs(config, config_path)
         unreachable = _unreachable(specs, runner_for)
         states = bring_down([s for s in specs if s.host not in unreachable], runner_for, console=console)
