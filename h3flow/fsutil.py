@@ -58,20 +58,8 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
 
     On any exception the temporary file is removed and ``path`` is left untouched.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, mode) as handle:
+        yield handle
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

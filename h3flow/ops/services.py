@@ -34,7 +34,7 @@ from h3flow.errors import ConfigError, H3FlowError
 from h3flow.fsutil import atomic_write_text
 
 if TYPE_CHECKING:  # kept out of the import: the SSH agent imports this module on every remote spawn / stop
-    from h3flow.config import LocalConfig, SecretSource
+    from h3flow.config import LocalConfig, Pool, SecretSource
 
 Kind = Literal["prefect-server", "worker", "receiver", "comfyui"]
 WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
@@ -310,24 +310,29 @@ def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[Servi
     for pool in config.pools:
         address = urlsplit(pool.comfy_url).hostname or config.hosts[pool.host].address
         base = comfy_base_dir(config, pool.name)
-        env = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
-        env.update(PYTHONUNBUFFERED="1", VIRTUAL_ENV=str(install.venv))  # not the caller's venv
-        specs.append(
-            ServiceSpec(
-                name=f"comfyui-{pool.name}",
-                kind="comfyui",
-                host=pool.host,
-                argv=tuple(install.command(server_args(address, pool.comfy_port, base))),
-                env=env,
-                cwd=str(base),
-                log=str(where(pool.host) / f"comfyui-{pool.name}.log"),
-                pidfile=str(where(pool.host) / f"comfyui-{pool.name}.pid"),
-                health=HttpHealth(pool.comfy_url.rstrip("/") + "/system_stats", expect=None),
-                binds=((address, pool.comfy_port),),
-                stop_grace=20.0,
-            )
-        )
+        argv = tuple(install.command(server_args(address, pool.comfy_port, base)))
+        # VIRTUAL_ENV: the installed ComfyUI's venv, not the caller's
+        specs.append(comfy_spec(pool, address, argv, str(base), where, VIRTUAL_ENV=str(install.venv)))
     return specs
+
+
+def comfy_spec(pool: Pool, address: str, argv: tuple[str, ...], cwd: str, where: Callable[[str], Path], **env: str) -> ServiceSpec:
+    """One pool's ComfyUI as a service: the pool's device pinning (no PREFECT_* vars), a
+    log and PID file, healthy once /system_stats answers."""
+    pinned = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
+    return ServiceSpec(
+        name=f"comfyui-{pool.name}",
+        kind="comfyui",
+        host=pool.host,
+        argv=argv,
+        env={**pinned, "PYTHONUNBUFFERED": "1", **env},
+        cwd=cwd,
+        log=str(where(pool.host) / f"comfyui-{pool.name}.log"),
+        pidfile=str(where(pool.host) / f"comfyui-{pool.name}.pid"),
+        health=HttpHealth(pool.comfy_url.rstrip("/") + "/system_stats", expect=None),
+        binds=((address, pool.comfy_port),),
+        stop_grace=20.0,
+    )
 
 
 def prepare_comfy(config: LocalConfig, log: Callable[[str], None]) -> Path | None:
@@ -415,22 +420,7 @@ def remote_comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> lis
             "--temp-directory", str(host_dir(config, pool.host) / "comfyui" / pool.name),
             "--disable-auto-launch",
         )  # fmt: skip
-        env = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
-        specs.append(
-            ServiceSpec(
-                name=f"comfyui-{pool.name}",
-                kind="comfyui",
-                host=pool.host,
-                argv=argv,
-                env={**env, "PYTHONUNBUFFERED": "1"},
-                cwd=host.comfy_dir,
-                log=str(where(pool.host) / f"comfyui-{pool.name}.log"),
-                pidfile=str(where(pool.host) / f"comfyui-{pool.name}.pid"),
-                health=HttpHealth(pool.comfy_url.rstrip("/") + "/system_stats", expect=None),
-                binds=((address, pool.comfy_port),),
-                stop_grace=20.0,
-            )
-        )
+        specs.append(comfy_spec(pool, address, argv, host.comfy_dir, where))
     return specs
 
 
