@@ -25,14 +25,14 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from h3flow.adapt import adapt, local_host_map  # noqa: E402
-from h3flow.calibrate import fit  # noqa: E402
-from h3flow.config_cli import render  # noqa: E402
-from h3flow.fsutil import atomic_write_json  # noqa: E402
+from h3flow.cli.config import render  # noqa: E402
+from h3flow.cli.runs import start_run, wait  # noqa: E402
+from h3flow.config.adapt import adapt, local_host_map  # noqa: E402
+from h3flow.core.fsutil import atomic_write_json  # noqa: E402
 from h3flow.ops.lifecycle import start_services, stop_services  # noqa: E402
+from h3flow.pipeline.calibration import fit  # noqa: E402
 from h3flow.planner import Planner, Resources, make_policy, parse_profile, simulate  # noqa: E402
 from h3flow.planner.timing import PlanClip  # noqa: E402
-from h3flow.runs_cli import start_run, wait  # noqa: E402
 
 PROMPTS = ["slow pan left, calm", "fast zoom in, energetic", "tilt up, happy", "zoom out, melancholic"]
 IMAGES = sorted((ROOT / "examples" / "images").glob("*.png"))

@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from h3flow.config import load_host_map  # noqa: E402
+from h3flow.config.models import load_host_map  # noqa: E402
 from h3flow.planner import BestOf, EarliestFinish, PlanClip, Planner, RoundRobin, load_profile, simulate  # noqa: E402
-from h3flow.planner.report import evaluate, recommend  # noqa: E402
+from h3flow.planner.recommend import evaluate, recommend  # noqa: E402
 from h3flow.planner.search import build, candidates  # noqa: E402
 
 

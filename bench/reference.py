@@ -26,13 +26,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from h3flow.batch import Clip  # noqa: E402
+from h3flow.core.batch import Clip  # noqa: E402
+from h3flow.core.specs import AUDIO_RATE, FPS  # noqa: E402
 from h3flow.engines.local import LocalEngine  # noqa: E402
 from h3flow.handoff.format import load_latent  # noqa: E402
-from h3flow.mux import mux_mp4  # noqa: E402
+from h3flow.media.mux import mux_mp4  # noqa: E402
 from h3flow.reference.audio import decode_audio  # noqa: E402
 from h3flow.reference.vae import Fp32Decoder, Int8Decoder, decode_video, psnr  # noqa: E402
-from h3flow.specs import AUDIO_RATE, FPS  # noqa: E402
 
 
 def timed(label: str, fn: Callable[[], Any], rows: list[tuple[str, float]]) -> Any:

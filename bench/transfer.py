@@ -30,19 +30,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the real-sshd helper
 
 import torch  # noqa: E402
 
-from h3flow.engines.base import FileRef  # noqa: E402
+from h3flow.core.files import FileRef  # noqa: E402
+from h3flow.core.specs import frames_for_seconds, get_spec  # noqa: E402
+from h3flow.handoff.destination import Destination  # noqa: E402
 from h3flow.handoff.format import H3Latent, save_latent  # noqa: E402
 from h3flow.handoff.store import LatentStore  # noqa: E402
-from h3flow.handoff.transfer import Destination, send  # noqa: E402
-from h3flow.specs import frames_for_seconds, get_spec  # noqa: E402
+from h3flow.handoff.transfer import send  # noqa: E402
 
 SECRET = b"bench-secret-0123456789abcdef"
 MEMORY_DISK = "/dev/shm"  # tmpfs: fsync costs nothing there

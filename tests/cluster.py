@@ -17,10 +17,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from h3flow.adapt import adapt, local_host_map
-from h3flow.config import LocalConfig, load_local_config
-from h3flow.config_cli import render
-from h3flow.fsutil import atomic_write_json
+from h3flow.config.adapt import adapt, local_host_map, render
+from h3flow.config.models import LocalConfig, load_local_config
+from h3flow.core.fsutil import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from sshd import SshServer, sshd_unavailable, start_sshd  # tests/ is on sys.path (rootdir conftest)
 
 

@@ -10,10 +10,19 @@ import socket
 import sys
 from pathlib import Path
 
-from h3flow.adapt import adapt
-from h3flow.config import Gpu, Host, HostMap, LocalConfig, Model, PrefectSettings, SecretSource, Storage, Transfer
-from h3flow.config_cli import render
-from h3flow.fsutil import atomic_write_json
+from h3flow.config.adapt import adapt, render
+from h3flow.config.models import (
+    Gpu,
+    Host,
+    HostMap,
+    LocalConfig,
+    Model,
+    PrefectSettings,
+    SecretSource,
+    Storage,
+    Transfer,
+)
+from h3flow.core.fsutil import atomic_write_json
 
 CPU = Gpu(index=0, model="cpu", vram_gb=1, arch="cpu")
 T10 = [Gpu(index=i, model="T10", vram_gb=16, arch="sm75") for i in range(2)]

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from h3flow.adapt import adapt
-from h3flow.batch import Clip
-from h3flow.calibrate import fit, occupancy, to_toml
 from h3flow.cli import app
-from h3flow.config import load_host_map
-from h3flow.errors import ConfigError
-from h3flow.manifest import StageRecord, new_manifest
+from h3flow.config.adapt import adapt
+from h3flow.config.models import load_host_map
+from h3flow.core.batch import Clip
+from h3flow.core.errors import ConfigError
+from h3flow.pipeline.calibration import fit, occupancy
+from h3flow.pipeline.manifest import StageRecord, new_manifest
+from h3flow.planner.calibrate import to_toml
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile, parse_profile
 
 ROOT = Path(__file__).resolve().parents[1]

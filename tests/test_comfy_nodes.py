@@ -19,9 +19,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from h3flow.cli import app
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import sha256_file
 from h3flow.engines.comfy_client import execution_error_message, summarize_node_errors
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "comfy_nodes"))
@@ -336,7 +336,7 @@ def test_error_messages_name_the_node() -> None:
     errors = {"3": {"class_type": "H3ReferenceEncode", "errors": [{"message": "Value not in list", "details": "spec: 'xx' not in ['sd', 'hd', 'tiny']"}]}}
     assert summarize_node_errors(errors) == "node 3 (H3ReferenceEncode): Value not in list: spec: 'xx' not in ['sd', 'hd', 'tiny']"
     msg = execution_error_message(
-        {"node_id": "1", "node_type": "H3LatentHandoffLoad", "exception_type": "h3flow.errors.IntegrityError", "exception_message": "latent x has SHA-256 a, expected b\n"},
+        {"node_id": "1", "node_type": "H3LatentHandoffLoad", "exception_type": "h3flow.core.errors.IntegrityError", "exception_message": "latent x has SHA-256 a, expected b\n"},
         "http://127.0.0.1:1",
     )
     assert msg == "ComfyUI at http://127.0.0.1:1: node 1 (H3LatentHandoffLoad) failed: IntegrityError: latent x has SHA-256 a, expected b"

@@ -22,16 +22,16 @@ from typing import Any
 import av
 import httpx
 import pytest
+from cluster import ROOT, Cluster, make_cluster, write_batch
 from typer.testing import CliRunner
 
-from cluster import ROOT, Cluster, make_cluster, write_batch
 from h3flow.cli import app
-from h3flow.comfy_env import default_install
-from h3flow.config import load_local_config
-from h3flow.errors import ConfigError
-from h3flow.fsutil import sha256_file
-from h3flow.manifest import load_manifest
+from h3flow.config.models import load_local_config
+from h3flow.core.errors import ConfigError
+from h3flow.core.fsutil import sha256_file
+from h3flow.ops.comfy_install import default_install
 from h3flow.ops.services import HttpHealth, local_specs
+from h3flow.pipeline.manifest import load_manifest
 
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
 runner = CliRunner()
@@ -80,7 +80,7 @@ def test_engine_local_starts_no_comfyui_and_bad_engine_choices_fail_in_one_line(
 
 
 def test_the_demo_keeps_each_engines_work_dir_apart(tmp_path: Path) -> None:
-    from h3flow.demo import default_workdir, ensure_local_config
+    from h3flow.cli.demo import default_workdir, ensure_local_config
 
     assert (default_workdir("local"), default_workdir("comfy")) == (Path(".h3flow"), Path(".h3flow-comfy"))
     path = ensure_local_config(tmp_path, 14200, "comfy")

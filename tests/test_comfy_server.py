@@ -23,16 +23,23 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from h3flow.batch import Clip
 from h3flow.cli import app
-from h3flow.comfy_env import ComfyServer, ensure_comfyui, prepare_base_dir
-from h3flow.engines.base import FileRef
+from h3flow.core.batch import Clip
+from h3flow.core.errors import H3FlowError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import sha256_file
 from h3flow.engines.comfy import ComfyEngine
 from h3flow.engines.local import LocalEngine
-from h3flow.engines.workflows import WORKFLOWS_DIR, load_template, render, template_parameters, upstream_object_info, validate_prompt
-from h3flow.errors import H3FlowError
-from h3flow.fsutil import sha256_file
+from h3flow.engines.workflows import (
+    WORKFLOWS_DIR,
+    load_template,
+    render,
+    template_parameters,
+    upstream_object_info,
+    validate_prompt,
+)
 from h3flow.handoff.format import load_latent
+from h3flow.ops.comfy_install import ComfyServer, ensure_comfyui, prepare_base_dir
 from h3flow.reference.conditioning import load_conditioning
 
 pytestmark = pytest.mark.comfy

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.engines.workflows import (
     TEMPLATES,
     WORKFLOWS_DIR,
@@ -23,7 +24,6 @@ from h3flow.engines.workflows import (
     upstream_object_info,
     validate_prompt,
 )
-from h3flow.errors import ConfigError, H3FlowError
 
 REQUIRED_VALUES = {
     "image": "h3flow/0123.png", "prompt": "slow pan left over a calm lake", "out_path": "/data/out/x",

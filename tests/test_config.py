@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from h3flow.adapt import adapt, host_map_of, local_host_map
 from h3flow.cli import app
-from h3flow.config import HostMap, load_host_map, load_local_config
+from h3flow.config.adapt import adapt, host_map_of, local_host_map
+from h3flow.config.models import HostMap, load_host_map, load_local_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "host-map.example.json"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import av
 import pytest
-
 from cluster import write_batch
 
 pytestmark = pytest.mark.prefect

@@ -15,10 +15,10 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from h3flow.cli import app
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import sha256_file
+from h3flow.core.specs import get_spec
 from h3flow.handoff.format import H3Latent, latent_kind, load_latent, read_header, save_latent
-from h3flow.specs import get_spec
 
 runner = CliRunner()
 

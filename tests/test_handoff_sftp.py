@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from sshd import SshServer
 from typer.testing import CliRunner
 
 from h3flow.cli import app
-from h3flow.engines.base import FileRef
-from h3flow.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.handoff.destination import Destination
 from h3flow.handoff.format import H3Latent, save_latent
 from h3flow.handoff.sftp import _FINISH
 from h3flow.handoff.store import LatentStore
-from h3flow.handoff.transfer import Destination, send
-from sshd import SshServer
+from h3flow.handoff.transfer import send
 
 pytestmark = pytest.mark.sshd
 runner = CliRunner()

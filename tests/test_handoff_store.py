@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from h3flow.cli import app
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import CHUNK, sha256_bytes, sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import CHUNK, sha256_bytes, sha256_file
 from h3flow.handoff.store import STALE_TEMP_SECONDS, LatentStore, object_relpath
 
 runner = CliRunner()

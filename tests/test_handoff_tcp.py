@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3flow.engines.base import FileRef
-from h3flow.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.core.specs import get_spec
+from h3flow.handoff.destination import Destination
 from h3flow.handoff.format import H3Latent, save_latent
 from h3flow.handoff.store import LatentStore
 from h3flow.handoff.tcp import CorruptedInFlight, Receiver, probe
-from h3flow.handoff.transfer import Destination, send, send_with_retry
-from h3flow.specs import get_spec
+from h3flow.handoff.transfer import send, send_with_retry
 
 SECRET = b"correct horse battery staple 42"
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from h3flow.cli import app
-from h3flow.engines.base import FileRef
-from h3flow.errors import ConfigError, H3FlowError, IntegrityError
+from h3flow.core.errors import ConfigError, H3FlowError, IntegrityError
+from h3flow.core.files import FileRef
 from h3flow.handoff.tcp import Receiver
 from h3flow.handoff.transfer import (
     Destination,

@@ -8,13 +8,14 @@ import av
 import pytest
 import torch
 
-from h3flow.batch import Clip
-from h3flow.engines.base import Engine, FileRef
+from h3flow.core.batch import Clip
+from h3flow.core.errors import ConfigError, H3FlowError, IntegrityError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import sha256_file
+from h3flow.engines.base import Engine
 from h3flow.engines.local import LocalEngine, decode_latent_to_mp4, frames_of
-from h3flow.errors import ConfigError, H3FlowError, IntegrityError
-from h3flow.fsutil import sha256_file
 from h3flow.handoff.format import H3Latent, load_latent
-from h3flow.mux import probe_mp4
+from h3flow.media.mux import probe_mp4
 from h3flow.reference.conditioning import load_reference_image
 from h3flow.reference.vae import psnr
 

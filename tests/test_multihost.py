@@ -25,12 +25,12 @@ from pathlib import Path
 
 import av
 import pytest
-
 from cluster import kill_tree, wait_until, write_batch
-from h3flow.config import LocalConfig, load_local_config
-from h3flow.manifest import load_manifest
 from netns import Lab, make_lab, netns_unavailable
 from remote_hosts import CPU, REFERENCE
+
+from h3flow.config.models import LocalConfig, load_local_config
+from h3flow.pipeline.manifest import load_manifest
 
 pytestmark = [pytest.mark.netns, pytest.mark.prefect]
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from h3flow.fsutil import sha256_file
-from h3flow.mux import mux_mp4, probe_mp4
+from h3flow.core.fsutil import sha256_file
+from h3flow.media.mux import mux_mp4, probe_mp4
 from h3flow.reference.vae import psnr
 
 H, W, N = 64, 96, 29  # 29 frames = 1.2083 s at 24 fps

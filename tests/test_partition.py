@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h3flow.errors import H3FlowError
-from h3flow.partition import MiB, partition_layers
+from h3flow.core.errors import H3FlowError
+from h3flow_nodes.partition import MiB, partition_layers
 
 
 def brute_force_best(sizes: list[int], caps: list[int]) -> float:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from h3flow.errors import H3FlowError
+from h3flow.core.errors import H3FlowError
+from h3flow.core.paths import PATCHES_DIR
 from h3flow.ops import patches
-from h3flow.ops.patches import PATCH_FOR_TARGET, PATCHES_DIR, FileDiff, State
+from h3flow.ops.patches import PATCH_FOR_TARGET, FileDiff, State
 
 pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch missing: apt-get install patch")
 

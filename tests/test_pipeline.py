@@ -15,10 +15,10 @@ from pathlib import Path
 
 import av
 import pytest
-
 from cluster import Cluster, kill_tree, make_cluster, wait_until, write_batch
-from h3flow.deployments import SOURCE_DIR
-from h3flow.manifest import load_manifest
+
+from h3flow.core.paths import SOURCE_DIR
+from h3flow.pipeline.manifest import load_manifest
 
 pytestmark = pytest.mark.prefect
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
@@ -177,7 +177,7 @@ def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluste
 def _deployments(cluster: Cluster) -> dict[str, tuple]:
     from prefect.client.orchestration import get_client
 
-    from h3flow.prefect_api import prefect_api
+    from h3flow.pipeline.prefect_api import prefect_api
 
     with prefect_api(cluster.config), get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
@@ -193,7 +193,7 @@ def _deployments(cluster: Cluster) -> dict[str, tuple]:
 def test_prefect_deploy_all_from_the_written_yaml_gives_the_same_deployments(cluster: Cluster) -> None:
     from prefect.client.orchestration import get_client
 
-    from h3flow.prefect_api import prefect_api
+    from h3flow.pipeline.prefect_api import prefect_api
 
     ours = _deployments(cluster)
     assert {"sample-clip/a0", "sample-clip/a1", "decode-clip/b", "batch/run", "batch/inbox"} <= set(ours)

@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from h3flow.adapt import adapt
 from h3flow.cli import app
-from h3flow.config import load_host_map
+from h3flow.config.adapt import adapt
+from h3flow.config.models import load_host_map
 from h3flow.planner.profile import DEFAULT_PROFILE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from h3flow.config import load_host_map
-from h3flow.planner.command import batch_clips
+from h3flow.cli.plan import batch_clips
+from h3flow.config.models import load_host_map
 from h3flow.planner.profile import load_profile
-from h3flow.planner.report import evaluate, recommend
+from h3flow.planner.recommend import evaluate, recommend
 from h3flow.planner.search import baseline, build, candidates
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from h3flow.adapt import adapt
-from h3flow.batch import Clip
-from h3flow.config import load_host_map
-from h3flow.errors import ConfigError
-from h3flow.manifest import new_manifest
+from h3flow.config.adapt import adapt
+from h3flow.config.models import load_host_map
+from h3flow.core.batch import Clip
+from h3flow.core.errors import ConfigError
+from h3flow.pipeline import plan as live
+from h3flow.pipeline.manifest import new_manifest
 from h3flow.planner import (
     EarliestFinish,
     PlanClip,
@@ -23,7 +24,6 @@ from h3flow.planner import (
     make_policy,
     simulate,
 )
-from h3flow.planner import live
 from h3flow.planner.search import build, candidates, partitions, topology_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_a_gpu_model_the_profile_does_not_know_is_named() -> None:
 
 
 def test_the_embedded_default_has_a_cpu_profile() -> None:
-    from h3flow.adapt import local_host_map
+    from h3flow.config.adapt import local_host_map
 
     config = adapt(local_host_map(Path("/tmp/h3flow-planner-test"), base_port=23400), "one_one_plus_one")
     planner = Planner(PROFILE, Resources.from_config(config, PROFILE.encoder_vram_gb))

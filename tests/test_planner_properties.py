@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h3flow.config import load_host_map
+from h3flow.config.models import load_host_map
 from h3flow.planner import (
     BestOf,
     EarliestFinish,

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from remote_hosts import host_map, write_config
+from sshd import SshServer
+from test_patches import COMFY, RAYLIGHT, build_tree
 
 from h3flow.engines.workflows import upstream_object_info
 from h3flow.ops.preflight import HostView, check_clock, check_comfyui, check_disk, check_gpus, fetch_object_info
 from h3flow.ops.services import Proc, service_specs
 from h3flow.ops.ssh import SSH_CONFIG_ENV
-from remote_hosts import host_map, write_config
-from sshd import SshServer
-from test_patches import COMFY, RAYLIGHT, build_tree
 
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
 

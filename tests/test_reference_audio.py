@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from h3flow.core.specs import AUDIO_RATE, audio_latent_steps
 from h3flow.reference.audio import BASE_NOTE_HZ, decode_audio, oscillator_hz
-from h3flow.specs import AUDIO_RATE, audio_latent_steps
 
 
 def dominant_hz(signal: torch.Tensor, rate: int = AUDIO_RATE) -> float:

@@ -10,11 +10,11 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import sha256_file
+from h3flow.core.specs import get_spec
 from h3flow.reference import conditioning as C
 from h3flow.reference.vae import encode_images
-from h3flow.specs import get_spec
 
 IMAGE = Path(__file__).resolve().parents[1] / "examples" / "images" / "landscape.png"
 P, Z = C.PAN_PER_SECOND, C.ZOOM_PER_SECOND

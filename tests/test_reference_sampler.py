@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3flow.errors import ConfigError
+from h3flow.core.errors import ConfigError
+from h3flow.core.specs import get_spec
 from h3flow.reference import conditioning as C
 from h3flow.reference import sampler as S
 from h3flow.reference.conditioning import Conditioning, encode_conditioning
 from h3flow.reference.ulysses import ParallelContext, check_degree, heads_to_seq, padded_length, seq_to_heads
-from h3flow.specs import get_spec
 
 IMAGE = Path(__file__).resolve().parents[1] / "examples" / "images" / "shapes.png"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from h3flow.core.specs import Spec, get_spec, latent_frames
 from h3flow.engines.local import sample_to_file
 from h3flow.handoff.format import load_latent
 from h3flow.reference.conditioning import encode_conditioning, save_conditioning
 from h3flow.reference.sampler import TOKEN_PATCH
-from h3flow.specs import Spec, get_spec, latent_frames
 
 IMAGE = Path(__file__).resolve().parents[1] / "examples" / "images" / "checker-sun.png"
 # 96 x 160 px -> a 6 x 10 latent -> 15 tokens a frame, 555 in all: not a multiple of 2 or

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from h3flow.core.specs import get_spec, latent_frames
 from h3flow.reference import vae
 from h3flow.reference.conditioning import load_reference_image
-from h3flow.specs import get_spec, latent_frames
 
 IMAGES = Path(__file__).resolve().parents[1] / "examples" / "images"
 # First-frame PSNR of an encode/decode round trip against the resized reference, measured

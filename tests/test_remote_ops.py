@@ -20,18 +20,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from remote_hosts import free_port, host_map, write_config
 from rich.console import Console
+from sshd import SshServer
+from test_patches import COMFY, build_tree
 from typer.testing import CliRunner
 
 from h3flow.cli import app
-from h3flow.config import ResolvedHost
-from h3flow.errors import H3FlowError, TransientError
+from h3flow.config.models import ResolvedHost
+from h3flow.core.errors import H3FlowError, TransientError
 from h3flow.ops.lifecycle import _served_elsewhere, bring_down, bring_up, probe_all
 from h3flow.ops.services import HttpHealth, ServiceSpec, remote_specs
 from h3flow.ops.ssh import SSH_CONFIG_ENV, SshRunner, SshRunners, remote
-from remote_hosts import free_port, host_map, write_config
-from sshd import SshServer
-from test_patches import COMFY, build_tree
 
 pytestmark = pytest.mark.sshd
 quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115 - lives for the module

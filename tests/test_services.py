@@ -23,11 +23,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from h3flow.adapt import adapt, local_host_map
 from h3flow.cli import app
-from h3flow.config import LocalConfig, load_host_map, load_local_config
-from h3flow.errors import H3FlowError
-from h3flow.fsutil import atomic_write_json
+from h3flow.config.adapt import adapt, local_host_map
+from h3flow.config.models import LocalConfig, load_host_map, load_local_config
+from h3flow.core.errors import H3FlowError
+from h3flow.core.fsutil import atomic_write_json
 from h3flow.ops.lifecycle import (
     ServiceState,
     bring_up,

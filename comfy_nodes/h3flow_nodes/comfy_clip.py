@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from h3flow.errors import H3FlowError
+from h3flow.core.errors import H3FlowError
 
 from .multigpu import MultiGPUEncoder, parse_gpus
 

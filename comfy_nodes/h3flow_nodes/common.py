@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
 from h3flow.handoff.format import H3Latent, load_latent, save_latent
 
 COMFY_COND_FORMAT = "h3flow-comfy-conditioning-v1"
@@ -252,8 +252,8 @@ def load_conditioning_any(path: Path, expected_sha256: str | None) -> Any:
 # --------------------------------------------------------------------------- reference model
 def reference_encode(image_path: str, prompt: str, spec: str, frames: int) -> Any:
     """The reference model's encode, byte for byte what the local engine writes."""
+    from h3flow.core.specs import get_spec, snap_frames
     from h3flow.reference.conditioning import encode_conditioning
-    from h3flow.specs import get_spec, snap_frames
 
     return encode_conditioning(prompt, image_path, get_spec(spec), snap_frames(frames))
 
@@ -273,10 +273,10 @@ def reference_sample(cond: Any, seed: int, steps: int, progress: Any = None) -> 
 
 def reference_decode(video: torch.Tensor, audio: torch.Tensor, meta: dict[str, str], *, int8: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Latents → (IMAGE float [F,H,W,3] in 0..1, waveform [1,2,N], sample rate), as the local engine decodes."""
+    from h3flow.core.specs import AUDIO_RATE, FPS, latent_frames
     from h3flow.engines.local import frames_of
     from h3flow.reference.audio import decode_audio
     from h3flow.reference.vae import decode_video, make_decoder
-    from h3flow.specs import AUDIO_RATE, FPS, latent_frames
 
     frames = frames_of(H3Latent(video=video, audio=audio, meta=meta))
     if latent_frames(frames) != video.shape[2]:
@@ -308,9 +308,9 @@ def stereo_at(waveform: torch.Tensor, rate: int, target_rate: int) -> torch.Tens
 
 
 def save_video_aac(path: Path, images: torch.Tensor, audio: dict[str, Any], fps: float) -> str:
-    """IMAGE [F,H,W,3] floats + AUDIO → MP4 through :func:`h3flow.mux.mux_mp4`; returns the SHA-256."""
-    from h3flow.mux import mux_mp4
-    from h3flow.specs import AUDIO_RATE
+    """IMAGE [F,H,W,3] floats + AUDIO → MP4 through :func:`h3flow.media.mux.mux_mp4`; returns the SHA-256."""
+    from h3flow.core.specs import AUDIO_RATE
+    from h3flow.media.mux import mux_mp4
 
     if images.dim() != 4 or images.shape[-1] != 3:
         raise H3FlowError(f"images must be [frames, H, W, 3], got {list(images.shape)}")

@@ -5,7 +5,7 @@ of decoder layers and a final norm. Nothing here knows ComfyUI: the functions ta
 ``torch.nn.Module`` tree, so they run (and are tested) on CPU with a small stand-in.
 
 - :func:`encoder_units` lists the units in execution order;
-- :func:`place_units` puts each unit on the device :func:`h3flow.partition.partition_layers`
+- :func:`place_units` puts each unit on the device :func:`h3flow_nodes.partition.partition_layers`
   chose and registers a forward pre-hook that moves the unit's tensor inputs onto its
   device (activations cross GPUs only at partition boundaries);
 - :class:`MultiGPUEncoder` keeps the state between clips: placed, offloaded to CPU
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from h3flow.errors import H3FlowError
-from h3flow.partition import Partition, partition_layers
+from h3flow.core.errors import H3FlowError
+from h3flow_nodes.partition import Partition, partition_layers
 
 RETAIN_ENV = "H3_MP_RETAIN_CPU_WEIGHTS"
 VISION_NAMES = ("visual", "vision_tower", "vision_model")

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from h3flow.errors import H3FlowError
-from h3flow.specs import FPS, SPECS
+from h3flow.core.errors import H3FlowError
+from h3flow.core.specs import FPS, SPECS
 
 from . import common
 

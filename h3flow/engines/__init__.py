@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 
-from h3flow.config import LocalConfig, Model, Pool
+from h3flow.config.models import LocalConfig, Model, Pool
 from h3flow.engines.base import Engine
 
 

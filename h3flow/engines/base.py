@@ -11,25 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from h3flow.batch import Clip
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """A file a stage produced, named by content."""
-
-    path: Path
-    sha256: str
-    size: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "sha256": self.sha256, "size": self.size}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FileRef":
-        return cls(Path(data["path"]), str(data["sha256"]), int(data["size"]))
+from h3flow.core.batch import Clip
+from h3flow.core.files import FileRef
 
 
 @dataclass(frozen=True)

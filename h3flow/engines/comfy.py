@@ -10,7 +10,7 @@ worker runs on the ComfyUI's host).
 
 Connection failures (refused, reset, ComfyUI restarted mid-run) are retried here a
 few times, resubmitting once the server answers again; if they persist a
-:class:`~h3flow.errors.TransientError` leaves for Prefect's own retries. Errors in the
+:class:`~h3flow.core.errors.TransientError` leaves for Prefect's own retries. Errors in the
 prompt itself are never retried.
 """
 
@@ -23,13 +23,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from h3flow.batch import Clip
-from h3flow.engines.base import FileRef, OffloadReport
+from h3flow.core.batch import Clip
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import sha256_bytes, sha256_file
+from h3flow.core.paths import WORKFLOWS_DIR
+from h3flow.core.specs import FPS
+from h3flow.engines.base import OffloadReport
 from h3flow.engines.comfy_client import ComfyClient, Event, RunResult
-from h3flow.engines.workflows import TEMPLATES, WORKFLOWS_DIR, load_template, render, template_parameters
-from h3flow.errors import H3FlowError, IntegrityError, TransientError
-from h3flow.fsutil import sha256_bytes, sha256_file
-from h3flow.specs import FPS
+from h3flow.engines.workflows import TEMPLATES, load_template, render, template_parameters
 
 FILES_KEY = "h3flow_files"
 log = logging.getLogger("h3flow.engines.comfy")

@@ -6,9 +6,9 @@ ComfyUI runs a prompt asynchronously: POST /prompt queues it, the websocket
 GET /history/{id} holds the outputs. This client turns that into one blocking call,
 :meth:`ComfyClient.run`, that returns the history entry or raises:
 
-- :class:`~h3flow.errors.H3FlowError` with one line naming the node, its type, the
+- :class:`~h3flow.core.errors.H3FlowError` with one line naming the node, its type, the
   exception and the validation ``node_errors`` when the prompt itself fails;
-- :class:`~h3flow.errors.TransientError` when the connection fails (refused, reset,
+- :class:`~h3flow.core.errors.TransientError` when the connection fails (refused, reset,
   the server restarted mid-run): worth retrying, and only those are retried.
 """
 
@@ -27,7 +27,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from h3flow.errors import H3FlowError, TransientError
+from h3flow.core.errors import H3FlowError, TransientError
 
 Event = dict[str, Any]
 EventHandler = Callable[[Event], None]

@@ -13,19 +13,20 @@ from pathlib import Path
 
 import torch
 
-from h3flow.batch import Clip
-from h3flow.engines.base import FileRef, OffloadReport
-from h3flow.errors import H3FlowError
-from h3flow.fsutil import sha256_file
+from h3flow.core.batch import Clip
+from h3flow.core.errors import H3FlowError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import sha256_file
+from h3flow.core.specs import AUDIO_RATE, FPS, get_spec, latent_frames
+from h3flow.engines.base import OffloadReport
 from h3flow.handoff.format import H3Latent, load_latent, save_latent
-from h3flow.mux import mux_mp4
+from h3flow.media.mux import mux_mp4
 from h3flow.reference.audio import decode_audio
 from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning, save_conditioning
 from h3flow.reference.meta import DenoiserConfig, latent_meta  # noqa: F401 - latent_meta: re-exported
 from h3flow.reference.sampler import sample_shards
 from h3flow.reference.ulysses import ParallelContext, check_degree, run_parallel
 from h3flow.reference.vae import PatchEncoder, decode_video, make_decoder
-from h3flow.specs import AUDIO_RATE, FPS, get_spec, latent_frames
 
 
 def encode_clip(clip: Clip, *, encoder: PatchEncoder | None = None) -> Conditioning:

@@ -23,9 +23,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from h3flow.errors import ConfigError, H3FlowError
+from h3flow.core.errors import ConfigError, H3FlowError
+from h3flow.core.paths import WORKFLOWS_DIR
 
-WORKFLOWS_DIR = Path(__file__).resolve().parent.parent.parent / "workflows"
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*(.*?)\s*)?\}\}")
 WHOLE = re.compile(r"^\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*(.*?)\s*)?\}\}$")
 UPSTREAM_SCHEMA = "comfy_object_info_upstream.json"

@@ -8,7 +8,7 @@ identity: the store, the transfer and the decode all name it by that hash.
 
 The header is validated in pure Python *before* safetensors sees the bytes, so a file
 whose header lies (sizes, dtypes, offsets, shapes) is rejected with a one-line
-:class:`~h3flow.errors.H3FlowError` instead of a crash deep in a decoder. Nothing is
+:class:`~h3flow.core.errors.H3FlowError` instead of a crash deep in a decoder. Nothing is
 ever unpickled.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import atomic_writer, sha256_bytes
-from h3flow.specs import AUDIO_CHANNELS, VIDEO_CHANNELS
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import atomic_writer, sha256_bytes
+from h3flow.core.specs import AUDIO_CHANNELS, VIDEO_CHANNELS
 
 FORMAT = "h3latent"
 FORMAT_VERSION = "0"

@@ -19,16 +19,14 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from h3flow.engines.base import FileRef
-from h3flow.errors import H3FlowError, IntegrityError, TransientError
-from h3flow.fsutil import CHUNK
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import CHUNK
+from h3flow.handoff.destination import Destination, local_size, os_reason
 from h3flow.handoff.store import check_sha256, object_relpath
-from h3flow.handoff.transfer import local_size, os_reason
 
 if TYPE_CHECKING:
     from fabric import Connection
-
-    from h3flow.handoff.transfer import Destination
 
 WINDOW = 64 << 20  # paramiko's default 2 MiB window throttles a fast link
 MAX_PACKET = 32 << 10  # the SSH channel packet size OpenSSH uses

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from h3flow.engines.base import FileRef
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import CHUNK, fsync_dir, sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import CHUNK, fsync_dir, sha256_file
 
 SUFFIX = ".h3latent"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -41,16 +41,13 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from h3flow.engines.base import FileRef
-from h3flow.errors import H3FlowError, IntegrityError, TransientError
-from h3flow.fsutil import CHUNK, sha256_file
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import CHUNK, sha256_file
+from h3flow.handoff.destination import Destination, local_size, os_reason
 from h3flow.handoff.store import LatentStore, check_sha256, object_relpath
-from h3flow.handoff.transfer import local_size, os_reason
-
-if TYPE_CHECKING:
-    from h3flow.handoff.transfer import Destination
 
 PROTO = "h3flow-latent/1"
 MAX_FRAME = 64 * 1024

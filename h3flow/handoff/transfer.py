@@ -3,45 +3,22 @@
 Which method a link uses comes from local.json; this module only needs a
 :class:`Destination`. Every method ends the same way: the destination host holds the
 object under its content address and the hash was checked *there*, or the call raises
-(:class:`~h3flow.errors.TransientError` when a retry may help, ``IntegrityError`` for
+(:class:`~h3flow.core.errors.TransientError` when a retry may help, ``IntegrityError`` for
 bytes that do not match, ``H3FlowError`` for what the operator must fix), naming the host.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from h3flow.engines.base import FileRef
-from h3flow.errors import ConfigError, H3FlowError, TransientError
+from h3flow.core.errors import ConfigError, TransientError
+from h3flow.core.files import FileRef
+from h3flow.handoff.destination import METHODS, Destination, local_size
+from h3flow.handoff.sftp import sftp_send
 from h3flow.handoff.store import LatentStore, check_sha256
-
-Method = Literal["tcp", "sftp", "local"]
-METHODS: tuple[str, ...] = ("tcp", "sftp", "local")
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a latent goes (built from local.json by the config layer)."""
-
-    method: Method
-    host: str  # host name, for messages
-    address: str  # tcp: the receiver's address; sftp: ignored (the alias decides)
-    port: int  # tcp: the receiver's port
-    ssh_alias: str | None  # sftp: a Host alias of the SSH config
-    store_root: Path  # the destination host's store root (as that host sees it)
-    secret: bytes | None  # tcp: the shared secret
-    ssh_config: Path | None = None  # sftp: an explicit SSH config file instead of ~/.ssh/config
-
-    def __repr__(self) -> str:  # never print the secret
-        secret = "set" if self.secret else None
-        return (f"Destination(method={self.method!r}, host={self.host!r}, address={self.address!r}, "
-                f"port={self.port}, ssh_alias={self.ssh_alias!r}, store_root={str(self.store_root)!r}, "
-                f"secret={secret}, ssh_config={self.ssh_config and str(self.ssh_config)!r})")
+from h3flow.handoff.tcp import probe as tcp_probe
+from h3flow.handoff.tcp import tcp_send
 
 
 def send(ref: FileRef, dest: Destination, *, timeout: float = 60.0) -> FileRef:
@@ -51,12 +28,8 @@ def send(ref: FileRef, dest: Destination, *, timeout: float = 60.0) -> FileRef:
         local_size(ref)
         return LatentStore(dest.store_root).put_file(Path(ref.path), link=True, expected_sha256=ref.sha256)
     if dest.method == "tcp":
-        from h3flow.handoff.tcp import tcp_send
-
         return tcp_send(ref, dest, timeout)
     if dest.method == "sftp":
-        from h3flow.handoff.sftp import sftp_send
-
         return sftp_send(ref, dest, timeout)
     raise ConfigError(f"unknown transfer method {dest.method!r} for host {dest.host} (known: {', '.join(METHODS)})")
 
@@ -78,8 +51,6 @@ def send_with_retry(
 
 def probe(address: str, port: int, timeout: float = 2.0) -> bool:
     """True when an h3flow latent receiver answers a ping at ``address:port`` (health check)."""
-    from h3flow.handoff.tcp import probe as tcp_probe
-
     return tcp_probe(address, port, timeout)
 
 
@@ -120,9 +91,9 @@ def destination_from_options(
 
 def secret_from_options(env_name: str | None = None, file: Path | None = None) -> bytes | None:
     """The tcp shared secret named on a command line (``--secret-env`` / ``--secret-file``),
-    read by :mod:`h3flow.secret` exactly as local.json's secret would be; None if neither."""
-    from h3flow.config import SecretSource
-    from h3flow.secret import load_secret
+    read by :mod:`h3flow.config.secret` exactly as local.json's secret would be; None if neither."""
+    from h3flow.config.models import SecretSource
+    from h3flow.config.secret import load_secret
 
     if env_name and file:
         raise ConfigError("give the shared secret by --secret-env or --secret-file, not both")
@@ -131,26 +102,3 @@ def secret_from_options(env_name: str | None = None, file: Path | None = None) -
     if file:
         return load_secret(SecretSource(source="file", path=str(file)))
     return None
-
-
-def local_size(ref: FileRef) -> int:
-    """The size of the file behind ``ref``; IntegrityError when it disagrees with the ref."""
-    from h3flow.errors import IntegrityError
-
-    try:
-        size = os.stat(ref.path).st_size
-    except OSError as exc:
-        raise H3FlowError(f"cannot read latent {ref.path}: {exc.strerror or exc}") from None
-    if size != ref.size:
-        raise IntegrityError(f"latent {ref.path} is {size} bytes, its FileRef says {ref.size}")
-    return size
-
-
-def os_reason(exc: BaseException) -> str:
-    """A short reason for a network error, for one-line messages."""
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timed out"
-    causes = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one error per address
-    if isinstance(causes, dict) and causes:
-        return os_reason(next(iter(causes.values())))
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -11,7 +11,7 @@ use, so checking it is checking them. The remote venv must hold the same h3flow
 
 Ops: ``spawn``, ``stop``, ``port_free`` (the runner's), ``facts`` (what preflight
 checks), ``link_probe`` (RTT + a 13 MB transfer to each decoder), ``patches``,
-``nodes_install``. An :class:`~h3flow.errors.H3FlowError` becomes ``{"error": ...}``.
+``nodes_install``. An :class:`~h3flow.core.errors.H3FlowError` becomes ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from h3flow.errors import H3FlowError
+from h3flow.core.errors import H3FlowError
+from h3flow.core.paths import ENTRYPOINTS
 
 MARK = "H3FLOW-AGENT "
 Request = dict[str, Any]
@@ -189,7 +190,7 @@ def op_facts(req: Request) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "h3flow": h3flow.__version__,
-        "checkout": bool(checkout and (Path(checkout) / "h3flow" / "flows" / "clip.py").is_file()),
+        "checkout": bool(checkout and all((Path(checkout) / e.split(":")[0]).is_file() for e in ENTRYPOINTS.values())),
         "torch": _torch(),
         "gpus": _nvidia_gpus() if vendor == "nvidia" else _amd_gpus() if vendor == "amd" else None,
         "disk": {path: _free_bytes(path) for path in req.get("disk", [])},
@@ -220,11 +221,12 @@ def _rtt_ms(address: str, port: int, rounds: int) -> float | None:
 def op_link_probe(req: Request) -> dict[str, Any]:
     """For each route: its RTT and one transfer of ``size`` random bytes through the
     route's method into the decoder's store, verified there by SHA-256 like a latent."""
-    from h3flow.config import SecretSource
-    from h3flow.engines.base import FileRef
-    from h3flow.fsutil import sha256_file
-    from h3flow.handoff.transfer import Destination, send
-    from h3flow.secret import load_secret
+    from h3flow.config.models import SecretSource
+    from h3flow.config.secret import load_secret
+    from h3flow.core.files import FileRef
+    from h3flow.core.fsutil import sha256_file
+    from h3flow.handoff.destination import Destination
+    from h3flow.handoff.transfer import send
 
     size = int(req.get("size", 13_000_000))
     tmp_dir = Path(req["tmp_dir"])
@@ -270,7 +272,7 @@ def op_patches(req: Request) -> dict[str, Any]:
 
 def op_nodes_install(req: Request) -> dict[str, Any]:
     """Install the node pack sent in the request (``{relpath: base64}``) into a ComfyUI here."""
-    from h3flow.comfy_env import PACK_NAME, install_node_pack
+    from h3flow.ops.comfy_install import PACK_NAME, install_node_pack
 
     with tempfile.TemporaryDirectory(prefix="h3flow-pack-") as tmp:
         source = Path(tmp) / PACK_NAME

@@ -24,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from h3flow.config import LocalConfig, load_local_config
-from h3flow.errors import ConfigError, H3FlowError
-from h3flow.fsutil import file_lock
+from h3flow.config.models import LocalConfig, load_local_config
+from h3flow.core.errors import ConfigError, H3FlowError
+from h3flow.core.fsutil import file_lock
 from h3flow.ops.services import (
     HttpHealth,
     LocalRunner,
@@ -63,10 +63,10 @@ class ServiceState:
 
 
 def default_deploy(config: LocalConfig, config_path: Path) -> None:
-    """Create the work pools and deployments (``h3flow.deployments.deploy_all``) on *this*
+    """Create the work pools and deployments (``h3flow.pipeline.deployments.deploy_all``) on *this*
     config's server: the caller's own PREFECT_API_URL (or none: an ephemeral server) must
     not decide where they go."""
-    from h3flow.deployments import deploy_all
+    from h3flow.pipeline.deployments import deploy_all
 
     deploy_all(config, config_path)
 

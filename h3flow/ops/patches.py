@@ -21,9 +21,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from h3flow.errors import H3FlowError
+from h3flow.core.errors import H3FlowError
+from h3flow.core.paths import PATCHES_DIR
 
-PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 # which checkout each patch belongs to, keyed by the CLI option that names it
 PATCH_FOR_TARGET = {"comfy": "comfy-turing-lerp.patch", "raylight": "raylight-sm75-ulysses.patch"}
 PATCH_TOOL_PACKAGE = "patch"  # the Debian package that provides GNU patch
@@ -272,39 +272,6 @@ def apply_trees(comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: 
     if conflicts:
         raise H3FlowError("; ".join(r.line() for r in conflicts) + " (nothing was changed)")
     return [_apply_checked(report, patch) for report, (patch, _) in zip(reports, pairs)]
-
-
-def run_on_host(
-    host: str,
-    action: str,
-    comfy_dir: Path | None,
-    raylight_dir: Path | None,
-    config_path: Path = Path("local.json"),
-    patches_dir: Path = PATCHES_DIR,
-) -> list[PatchReport]:
-    """Check or apply the patches in a host's checkouts over SSH.
-
-    The patch files travel with the request to the h3flow agent in the host's venv,
-    which runs :func:`check_trees` / :func:`apply_trees` there (GNU patch on that host).
-    The directories are paths on the host: the given ones, else the host's
-    ``comfy_dir`` / ``raylight_dir`` from local.json.
-    """
-    from h3flow.config import load_local_config
-    from h3flow.ops.ssh import connected
-
-    config = load_local_config(config_path)
-    if host not in config.hosts:
-        raise H3FlowError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
-    resolved = config.hosts[host]
-    given = comfy_dir is not None or raylight_dir is not None
-    comfy = str(comfy_dir) if given and comfy_dir else None if given else resolved.comfy_dir
-    raylight = str(raylight_dir) if given and raylight_dir else None if given else resolved.raylight_dir
-    if comfy is None and raylight is None:
-        raise H3FlowError(f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
-                          "--raylight-dir (paths on that host)")
-    with connected(config, host) as runner:
-        answer = runner.agent("patches", agent_request(action, comfy, raylight, patches_dir), timeout=300.0)
-    return reports_from(answer)
 
 
 def agent_request(action: str, comfy_dir: str | None, raylight_dir: str | None,

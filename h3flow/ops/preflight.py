@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 import h3flow
-from h3flow.config import LocalConfig, Pool, ResolvedHost, load_local_config
-from h3flow.errors import H3FlowError
+from h3flow.config.models import LocalConfig, Pool, ResolvedHost, load_local_config
+from h3flow.core.errors import H3FlowError
 from h3flow.ops.services import LocalRunner, Proc, ServiceSpec, WorkerHealth, check_health, service_specs
 
 Status = Literal["ok", "fail", "skip"]
@@ -163,7 +163,7 @@ def _encoder_spec(view: HostView) -> ServiceSpec | None:
 
 
 def _facts_request(view: HostView) -> dict[str, Any]:
-    from h3flow.deployments import SOURCE_DIR
+    from h3flow.core.paths import SOURCE_DIR
 
     host, config = view.host, view.config
     encoder = _encoder_spec(view)
@@ -268,7 +268,7 @@ def check_ssh(view: HostView) -> list[Check]:
 
 
 def check_venv(view: HostView) -> list[Check]:
-    from h3flow.deployments import SOURCE_DIR
+    from h3flow.core.paths import SOURCE_DIR
 
     if view.facts is None:
         fix = f"create {view.host.venv} on {view.name} and pip install h3flow {h3flow.__version__} into it"
@@ -483,7 +483,7 @@ def check_models(view: HostView) -> list[Check]:
 
 
 def check_retain(view: HostView) -> list[Check]:
-    from h3flow.adapt import RETAIN_CPU_WEIGHTS
+    from h3flow.config.adapt import RETAIN_CPU_WEIGHTS
 
     spec = _encoder_spec(view)
     if spec is None:

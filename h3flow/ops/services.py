@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
 
-from h3flow.errors import ConfigError, H3FlowError
-from h3flow.fsutil import atomic_write_text
+from h3flow.core.errors import ConfigError, H3FlowError
+from h3flow.core.fsutil import atomic_write_text
 
 if TYPE_CHECKING:  # kept out of the import: the SSH agent imports this module on every remote spawn / stop
-    from h3flow.config import LocalConfig, Pool, SecretSource
+    from h3flow.config.models import LocalConfig, Pool, SecretSource
 
 Kind = Literal["prefect-server", "worker", "receiver", "comfyui"]
 WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
@@ -295,7 +295,7 @@ def comfy_base_dir(config: LocalConfig, pool: str) -> Path:
 def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
     """One ComfyUI per pool when engine == "comfy" (the embedded default).
 
-    The ComfyUI that :func:`h3flow.comfy_env.ensure_comfyui` installed (its launcher,
+    The ComfyUI that :func:`h3flow.ops.comfy_install.ensure_comfyui` installed (its launcher,
     CPU torch), listening on the pool's ``comfy_url`` address and ``comfy_port``, with a
     base directory per pool so two pools on one host keep their own custom_nodes,
     input/output folders and database. The pool's env pins the devices, as for its
@@ -303,7 +303,7 @@ def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[Servi
     """
     if config.engine != "comfy":
         return []
-    from h3flow.comfy_env import default_install, server_args
+    from h3flow.ops.comfy_install import default_install, server_args
 
     install = default_install()
     specs = []
@@ -340,7 +340,7 @@ def prepare_comfy(config: LocalConfig, log: Callable[[str], None]) -> Path | Non
     pool its base directory with the h3flow node pack in custom_nodes. Returns the install's root."""
     if config.engine != "comfy":
         return None
-    from h3flow.comfy_env import ensure_comfyui, install_node_pack, prepare_base_dir
+    from h3flow.ops.comfy_install import ensure_comfyui, install_node_pack, prepare_base_dir
 
     install = ensure_comfyui(log=log)
     for pool in config.pools:
@@ -640,7 +640,7 @@ class LocalRunner:
         return [line for line in text.splitlines() if line.strip()][-lines:]
 
     def ensure_secret(self, secret: SecretSource) -> None:
-        from h3flow.secret import ensure_secret_file
+        from h3flow.config.secret import ensure_secret_file
 
         if secret.source == "file":
             ensure_secret_file(Path(str(secret.path)))

@@ -24,7 +24,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
 import posixpath
 import shlex
 import threading
@@ -33,8 +32,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from h3flow.config import LocalConfig, ResolvedHost, SecretSource
-from h3flow.errors import ConfigError, H3FlowError, TransientError
+from h3flow.config.models import LocalConfig, ResolvedHost, SecretSource
+from h3flow.config.settings import settings
+from h3flow.core.errors import ConfigError, H3FlowError, TransientError
 from h3flow.ops.agent import parse_answer
 from h3flow.ops.services import Proc, ServiceSpec
 
@@ -60,9 +60,9 @@ echo "hz $(getconf CLK_TCK)"
 
 def ssh_config_file() -> Path | None:
     """``$H3FLOW_SSH_CONFIG`` if set (it must exist), else ``~/.ssh/config`` if present."""
-    value = os.environ.get(SSH_CONFIG_ENV)
+    value = settings().ssh_config
     if value:
-        path = Path(value).expanduser()
+        path = value.expanduser()
         if not path.is_file():
             raise ConfigError(f"{SSH_CONFIG_ENV}={value}: no such file")
         return path
@@ -140,7 +140,7 @@ class SshRunner:
         """
         from paramiko import SSHException
 
-        from h3flow.handoff.transfer import os_reason
+        from h3flow.handoff.destination import os_reason
 
         try:
             channel = self.conn.client.get_transport().open_session(timeout=timeout)
@@ -203,7 +203,7 @@ class SshRunner:
         """The transfer secret file, copied from this machine (one secret for all hosts; made here if missing)."""
         if secret.source != "file":
             return  # env: must be set in the host's environment; prefect-secret: read from the API
-        from h3flow.secret import ensure_secret_file
+        from h3flow.config.secret import ensure_secret_file
 
         local = Path(str(secret.path)).expanduser()
         ensure_secret_file(local)
@@ -314,22 +314,3 @@ def connected(config: LocalConfig, host: str) -> Iterator[SshRunner]:
     """One host's runner for the length of a command."""
     with SshRunners(config) as runners:
         yield runners(host)
-
-
-def install_nodes_on_host(config_path: Path, host: str, comfy_dir: str | None = None) -> tuple[str, str]:
-    """``h3flow nodes install --host``: this checkout's node pack into ``<comfy_dir>/custom_nodes/h3flow_nodes``
-    on the host (the agent there runs the same ``install_node_pack``: identical files are left
-    alone, a changed pack is replaced whole). Returns (installed | updated | unchanged, target)."""
-    from h3flow.comfy_env import PACK_SOURCE, _pack_files
-    from h3flow.config import load_local_config
-
-    config = load_local_config(config_path)
-    if host not in config.hosts:
-        raise ConfigError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
-    target = comfy_dir or config.hosts[host].comfy_dir
-    if not target:
-        raise ConfigError(f"host {host!r} has no comfy_dir in local.json: give --comfy-dir (a path on that host)")
-    files = {rel: base64.b64encode(data).decode() for rel, data in _pack_files(PACK_SOURCE).items()}
-    with connected(config, host) as runner:
-        answer = runner.agent("nodes_install", {"comfy_dir": target, "files": files}, timeout=120.0)
-    return answer["status"], answer["target"]

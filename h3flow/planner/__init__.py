@@ -30,8 +30,8 @@ API (the live dispatcher calls the policies with its own state)::
   ``"<source host>-><target host>"``, decoder pools) to the seconds *from now* until it
   is free; missing names count as free. ``State.encode_free`` (optional) gives the
   seconds until an encoder pool could start a borrowed encode.
-- Clips are anything with ``id``, ``spec`` and ``frames`` (``h3flow.batch.Clip``, or
-  :class:`PlanClip`); ``simulate`` takes a :class:`~h3flow.batch.Batch` too.
+- Clips are anything with ``id``, ``spec`` and ``frames`` (``h3flow.core.batch.Clip``, or
+  :class:`PlanClip`); ``simulate`` takes a :class:`~h3flow.core.batch.Batch` too.
 - Stages: encode, offload (on the clip's encoder pool), sample, handoff (on its pool),
   transfer (link), decode, mux (decoder). See ``simulate.py`` for the rules and
   ``docs/planner.md`` for the model, the profile's derivations and measured figures.
@@ -41,19 +41,26 @@ from __future__ import annotations
 
 from h3flow.planner.bounds import Bound, lower_bound
 from h3flow.planner.policies import (
-    POLICIES,
-    BestOf,
     EarliestFinish,
     Policy,
     Projection,
     RoundRobin,
     State,
-    make_policy,
     project,
 )
 from h3flow.planner.profile import DEFAULT_PROFILE, Profile, load_profile, parse_profile
 from h3flow.planner.resources import Decoder, Link, Resources, SamplerPool
-from h3flow.planner.simulate import AHEAD, STAGES, Schedule, StageRun, clips_of, simulate
+from h3flow.planner.simulate import (
+    AHEAD,
+    POLICIES,
+    STAGES,
+    BestOf,
+    Schedule,
+    StageRun,
+    clips_of,
+    make_policy,
+    simulate,
+)
 from h3flow.planner.timing import PlanClip, Planner, SamplerTimes
 from h3flow.planner.validate import validate
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from h3flow.fsutil import atomic_writer
+from h3flow.core.fsutil import atomic_writer
 from h3flow.planner.resources import Resources
 from h3flow.planner.simulate import Schedule
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from h3flow.errors import ConfigError
+from h3flow.core.errors import ConfigError
 from h3flow.planner.timing import ClipLike, Measured, Planner
 
 C = TypeVar("C", bound=ClipLike)
@@ -164,50 +164,3 @@ class EarliestFinish:
                 best, choice = key, name
         # a full pool that would still finish first is worth waiting for
         return None if choice in state.full else choice
-
-
-class BestOf:
-    """Simulate each candidate policy on the batch, then act as the one that finishes it first."""
-
-    name = "best"
-
-    def __init__(self, planner: Planner, candidates: Sequence[type] = (EarliestFinish, RoundRobin)) -> None:
-        self.planner = planner
-        self.candidates: list[Policy] = [c(planner) for c in candidates]
-        self.chosen: Policy = self.candidates[0]
-        self.schedules: dict[str, object] = {}  # candidate name -> its Schedule, after order()
-
-    def reset(self) -> None:
-        self.chosen.reset()
-
-    def order(self, clips: Sequence[C]) -> list[C]:
-        from h3flow.planner.simulate import simulate  # the simulator imports this module
-
-        self.schedules = {}
-        for candidate in self.candidates:
-            self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
-        ranked = sorted(enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0]))  # type: ignore[attr-defined]
-        self.chosen = ranked[0][1]
-        self.chosen.reset()
-        return self.chosen.order(clips)
-
-    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
-        return self.chosen.choose_pool(clip, state)
-
-    @property
-    def needs_state(self) -> bool:
-        return getattr(self.chosen, "needs_state", True)
-
-    @property
-    def projections(self) -> dict[str, Projection]:
-        return getattr(self.chosen, "projections", {})
-
-
-POLICIES = {"best": BestOf, "earliest-finish": EarliestFinish, "design": RoundRobin}
-
-
-def make_policy(name: str, planner: Planner) -> Policy:
-    try:
-        return POLICIES[name](planner)
-    except KeyError:
-        raise ConfigError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None

@@ -21,11 +21,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from h3flow.batch import format_validation_error
-from h3flow.errors import ConfigError
-from h3flow.specs import frames_for_seconds, latent_frames
+from h3flow.core.errors import ConfigError
+from h3flow.core.jsonio import format_validation_error
+from h3flow.core.paths import DATA_DIR
+from h3flow.core.specs import frames_for_seconds, latent_frames
 
-DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "data" / "profile-default.toml"
+DEFAULT_PROFILE = DATA_DIR / "profile-default.toml"
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PerSpec = dict[str, Seconds]

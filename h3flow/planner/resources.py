@@ -1,6 +1,6 @@
 """The resources a topology gives the planner: sampler pools, links, decoders.
 
-Built from a resolved ``local.json`` (:class:`~h3flow.config.LocalConfig`), so the plan
+Built from a resolved ``local.json`` (:class:`~h3flow.config.models.LocalConfig`), so the plan
 and the live pipeline see the same pools. A sampler pool samples one clip at a time; a
 pool that cannot hold the text encoder (the XTX box, or a 2-GPU pool) has its clips
 encoded on its ``encoder`` pool, which spends that time on them; each (sampler host,
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from h3flow.config import LocalConfig
-from h3flow.errors import ConfigError
+from h3flow.config.models import LocalConfig
+from h3flow.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from h3flow.adapt import adapt, main_sampler_host
-from h3flow.config import HostMap
-from h3flow.errors import ConfigError
+from h3flow.config.adapt import adapt, main_sampler_host
+from h3flow.config.models import HostMap
+from h3flow.config.topology import NAMED, ULYSSES_DEGREES, parse_topology
+from h3flow.core.errors import ConfigError
 from h3flow.planner.profile import Profile
 from h3flow.planner.resources import Resources
-from h3flow.topology import NAMED, ULYSSES_DEGREES, parse_topology
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,15 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
-from h3flow.batch import Batch
-from h3flow.errors import ConfigError
-from h3flow.planner.policies import Policy, State, project
+from h3flow.core.batch import Batch
+from h3flow.core.errors import ConfigError
+from h3flow.planner.policies import EarliestFinish, Policy, Projection, RoundRobin, State, project
 from h3flow.planner.resources import SamplerPool
 from h3flow.planner.timing import ClipLike, PlanClip, Planner, SamplerTimes
+
+C = TypeVar("C", bound=ClipLike)
 
 STAGES = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
 AHEAD = 2  # clips in flight per sampler pool: one running, one queued (as the live dispatcher)
@@ -266,3 +269,48 @@ def simulate(
         decoder_of[clip.id] = name
     pool_of = {j.clip.id: j.pool.name for j in sim.jobs}
     return Schedule(res.topology, policy.name, [c.id for c in clips], runs, pool_of, decoder_of)
+
+
+class BestOf:
+    """Simulate each candidate policy on the batch, then act as the one that finishes it first."""
+
+    name = "best"
+
+    def __init__(self, planner: Planner, candidates: Sequence[type] = (EarliestFinish, RoundRobin)) -> None:
+        self.planner = planner
+        self.candidates: list[Policy] = [c(planner) for c in candidates]
+        self.chosen: Policy = self.candidates[0]
+        self.schedules: dict[str, object] = {}  # candidate name -> its Schedule, after order()
+
+    def reset(self) -> None:
+        self.chosen.reset()
+
+    def order(self, clips: Sequence[C]) -> list[C]:
+        self.schedules = {}
+        for candidate in self.candidates:
+            self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
+        ranked = sorted(enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0]))  # type: ignore[attr-defined]
+        self.chosen = ranked[0][1]
+        self.chosen.reset()
+        return self.chosen.order(clips)
+
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
+        return self.chosen.choose_pool(clip, state)
+
+    @property
+    def needs_state(self) -> bool:
+        return getattr(self.chosen, "needs_state", True)
+
+    @property
+    def projections(self) -> dict[str, Projection]:
+        return getattr(self.chosen, "projections", {})
+
+
+POLICIES = {"best": BestOf, "earliest-finish": EarliestFinish, "design": RoundRobin}
+
+
+def make_policy(name: str, planner: Planner) -> Policy:
+    try:
+        return POLICIES[name](planner)
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None

@@ -6,16 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from h3flow.core.specs import frames_for_seconds
 from h3flow.planner.profile import Profile
 from h3flow.planner.resources import Decoder, Link, Resources, SamplerPool
-from h3flow.specs import frames_for_seconds
 
 Measured = Mapping[tuple[str, str, str], float]
 """Live overrides: (resource name, stage, spec) -> seconds for a profile-length clip."""
 
 
 class ClipLike(Protocol):
-    """What the planner needs of a clip (``h3flow.batch.Clip`` has it)."""
+    """What the planner needs of a clip (``h3flow.core.batch.Clip`` has it)."""
 
     @property
     def id(self) -> str: ...

@@ -15,8 +15,8 @@ import math
 
 import torch
 
+from h3flow.core.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, AUDIO_RATE
 from h3flow.reference.threads import threads_for
-from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, AUDIO_RATE
 
 BASE_NOTE_HZ = 130.8128  # C3
 GOLDEN_ANGLE = math.pi * (3 - math.sqrt(5))

@@ -44,10 +44,10 @@ from PIL import Image, UnidentifiedImageError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from h3flow.errors import H3FlowError, IntegrityError
-from h3flow.fsutil import atomic_write_bytes, sha256_bytes
+from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.fsutil import atomic_write_bytes, sha256_bytes
+from h3flow.core.specs import AUDIO_CHANNELS, Spec
 from h3flow.reference.vae import PatchEncoder
-from h3flow.specs import AUDIO_CHANNELS, Spec
 
 ENCODER_ID = "h3flow-reference-dct24-v1"
 FORMAT = "h3flow-conditioning-v1"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from h3flow.batch import Clip
-from h3flow.specs import FPS
+from h3flow.core.batch import Clip
+from h3flow.core.specs import FPS
 
 SAMPLER_ID = "euler-simple"
 

@@ -27,12 +27,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from h3flow.core.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, FPS, VIDEO_CHANNELS, audio_latent_steps, latent_frames
 from h3flow.reference.conditioning import Conditioning
 from h3flow.reference.meta import SAMPLER_ID, DenoiserConfig  # noqa: F401 - defined torch-free there
 from h3flow.reference.threads import threads_for
 from h3flow.reference.ulysses import ParallelContext, gather_sequence, heads_to_seq, padded_length, seq_to_heads
 from h3flow.reference.vae import channel_frequencies, pixel_position
-from h3flow.specs import AUDIO_CHANNELS, AUDIO_LATENT_RATE, FPS, VIDEO_CHANNELS, audio_latent_steps, latent_frames
 
 TOKEN_PATCH = 2  # latent cells per token side (a DiT's patchify)
 TOKEN_DIM = VIDEO_CHANNELS * TOKEN_PATCH * TOKEN_PATCH

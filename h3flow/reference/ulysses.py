@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from h3flow.errors import ConfigError
+from h3flow.core.errors import ConfigError
 
 DEGREES = (1, 2, 4, 8)
 

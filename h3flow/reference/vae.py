@@ -30,8 +30,8 @@ from collections.abc import Iterator
 
 import torch
 
+from h3flow.core.specs import PATCH, VIDEO_CHANNELS
 from h3flow.reference.threads import threads_for
-from h3flow.specs import PATCH, VIDEO_CHANNELS
 
 PATCH_DIM = PATCH * PATCH * 3
 SCALE = float(PATCH)  # latent = basis . (2x - 1) / SCALE

@@ -1,0 +1,96 @@
+"""``h3flow demo``: the embedded default end to end on this machine.
+
+config-adapt --local → start --local (Prefect server, workers, receiver) → run the
+example batch (6 clips, reference model) → wait with a progress bar → say where the
+MP4s, the Gantt chart and the report are → stop (unless ``--keep``).
+
+``--engine comfy`` runs every stage in real local ComfyUI servers, one per pool
+(installed once, cached), in a work dir of its own (``.h3flow-comfy``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from h3flow.cli.base import app, console, operator_command
+from h3flow.core.errors import ConfigError
+from h3flow.core.paths import EXAMPLES_DIR
+
+DEMO_BATCH = EXAMPLES_DIR / "batches" / "demo.json"
+
+
+def default_workdir(engine: str) -> Path:
+    """Each engine has its own work dir, so the two demos' services and caches never mix."""
+    return Path(".h3flow") if engine == "local" else Path(f".h3flow-{engine}")
+
+
+def ensure_local_config(workdir: Path, base_port: int, engine: str = "local") -> Path:
+    """Reuse the work dir's local.json while its services may be running; else write a fresh one."""
+    from h3flow.config.adapt import adapt, local_host_map, render
+    from h3flow.config.models import ENGINES, load_local_config
+    from h3flow.core.fsutil import atomic_write_json
+
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    path = workdir / "local.json"
+    if not path.exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        hm = local_host_map(workdir, base_port, engine=engine)  # type: ignore[arg-type]
+        atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))))
+    elif (have := load_local_config(path).engine) != engine:
+        raise ConfigError(f"{path} runs engine {have!r}, not {engine!r}: give another --workdir")
+    return path
+
+
+def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH, *, engine: str = "local") -> int:
+    from h3flow.cli.runs import finish, print_status, start_run, wait
+    from h3flow.config.models import load_local_config
+    from h3flow.ops.lifecycle import start_services, stop_services
+
+    if not batch.exists():
+        raise ConfigError(f"demo batch {batch} is missing")
+    config_path = ensure_local_config(workdir, base_port, engine)
+    config = load_local_config(config_path)
+    t0 = time.monotonic()
+    start_services(config, config_path, console=console)
+    try:
+        manifest = start_run(batch, config_path)
+        console.print(f"run id: [bold]{manifest.run_id}[/]")
+        manifest = wait(manifest.run_id, config_path, timeout=900)
+        print_status(manifest)
+        code = finish(manifest)
+        run_dir = Path(config.runs_dir) / manifest.run_id
+        outputs = sorted({str(Path(c.output).parent) for c in manifest.clips.values() if c.output})
+        console.print(f"videos:   {', '.join(outputs) or '—'}")
+        for name, what in (("gantt.png", "gantt:   "), ("report.md", "report:  "), ("manifest.json", "manifest:")):
+            if (run_dir / name).exists():
+                console.print(f"{what} {run_dir / name}")
+        console.print(f"Prefect UI: {config.prefect.api_url.removesuffix('/api')}")
+        if config.engine == "comfy":
+            console.print("ComfyUI:  " + ", ".join(f"{p.comfy_url} ({p.name})" for p in config.pools))
+        console.print(f"demo took {time.monotonic() - t0:.0f} s")
+        return code
+    finally:
+        if not keep:
+            stop_services(config, config_path, console=console)
+        else:
+            console.print(f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`")
+
+
+@app.command()
+@operator_command
+def demo(
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the services running afterwards.")] = False,
+    workdir: Annotated[
+        Optional[Path], typer.Option(help="Where the stores, logs, runs and Prefect's database go (.h3flow, or .h3flow-comfy).")
+    ] = None,
+    base_port: Annotated[int, typer.Option(help="First port tried for the local services.")] = 14200,
+    batch: Annotated[Optional[Path], typer.Option(help="Another batch file instead of the example.")] = None,
+    engine: Annotated[str, typer.Option(help="local: stages in-process; comfy: in one local ComfyUI per pool.")] = "local",
+) -> None:
+    """The embedded default end to end: local Prefect server, 6 clips, reference model, real MP4s."""
+    raise typer.Exit(run_demo(workdir or default_workdir(engine), keep, base_port, batch or DEMO_BATCH, engine=engine))

@@ -1,0 +1,235 @@
+"""``h3flow plan``: read the hardware and the batch, evaluate topologies, print, draw."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from h3flow.cli.base import ConfigOpt, app, console, operator_command
+from h3flow.config.models import HostMap, load_host_map, load_local_config
+from h3flow.core.batch import load_batch
+from h3flow.core.errors import ConfigError
+from h3flow.core.specs import get_spec
+from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
+from h3flow.planner.recommend import BASELINE_WHY, Evaluation, evaluate, recommend, report_json
+from h3flow.planner.search import baseline, candidates
+from h3flow.planner.simulate import POLICIES
+from h3flow.planner.timing import PlanClip
+
+DEFAULT_CLIPS = 6
+
+
+def hardware(host_map: Path | None, config: Path | None) -> tuple[HostMap, str, str | None]:
+    """(host map, where it came from, the config's current topology)."""
+    from h3flow.config.adapt import host_map_of
+
+    if host_map and config:
+        raise ConfigError("give --host-map or --config, not both")
+    if host_map:
+        return load_host_map(host_map), str(host_map), None
+    path = config or (Path("local.json") if Path("local.json").exists() else None)
+    if path is None:
+        raise ConfigError(
+            "no hardware to plan for: pass --host-map host-map.json (e.g. examples/host-map.example.json) "
+            "or --config local.json"
+        )
+    local = load_local_config(path)
+    return host_map_of(local), str(path), local.topology
+
+
+def batch_clips(spec: str | None, batch: Path | None, clips: int | None) -> tuple[list[PlanClip], str]:
+    if spec and batch:
+        raise ConfigError("give --spec or --batch, not both")
+    if batch:
+        if clips is not None:
+            raise ConfigError("--clips goes with --spec; a --batch file plans its own clips")
+        loaded = load_batch(batch, check_images=False)
+        return [PlanClip.of(c) for c in loaded.clips], f"batch {batch} ({len(loaded.clips)} clips)"
+    name = spec or "sd"
+    get_spec(name)
+    n = DEFAULT_CLIPS if clips is None else clips
+    if n < 1:
+        raise ConfigError("--clips must be at least 1")
+    return [PlanClip.make(f"{name}-{i + 1:02d}", name) for i in range(n)], f"{n} x {name} clips of 5 s"
+
+
+def run_plan(
+    *,
+    spec: str | None = None,
+    batch: Path | None = None,
+    clips: int | None = None,
+    topology: str = "all",
+    profile: Path | None = None,
+    threshold: float = 0.15,
+    gantt: Path | None = None,
+    as_json: bool = False,
+    host_map: Path | None = None,
+    config: Path | None = None,
+    policy: str = "best",
+) -> dict:
+    if policy not in POLICIES:
+        raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    if not 0 <= threshold < 10:
+        raise ConfigError(f"--threshold {threshold} is not a fraction such as 0.15")
+    if gantt is not None and gantt.suffix.lower() != ".png":
+        raise ConfigError(f"--gantt {gantt}: the chart is a PNG; name the file *.png")
+    hm, source, current = hardware(host_map, config)
+    plan_clips, what = batch_clips(spec, batch, clips)
+    prof = load_profile(profile)
+    cands = candidates(hm, topology, prof)
+    evals = [evaluate(c, plan_clips, prof, policy) for c in cands]
+    base_cand = baseline(hm, prof)
+    same = [e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)]
+    base = same[0] if same else None
+    if base is None:
+        base = evaluate(base_cand, plan_clips, prof, policy)
+    rec = recommend(evals, threshold)
+    meta = {
+        "hardware": source,
+        "profile": str(profile or DEFAULT_PROFILE),
+        "batch": what,
+        "clips": len(plan_clips),
+        "policy": policy,
+        "threshold": threshold,
+        "current_topology": current,
+    }
+    out = report_json(evals, base, rec, meta)
+    if gantt:
+        target = next((e for e in evals if rec and e.name == rec.name), None) or next((e for e in evals if e.schedule), None)
+        if target is None or target.schedule is None:
+            raise ConfigError("no feasible topology to draw")
+        from h3flow.planner.gantt import draw
+
+        title = (
+            f"{target.name} — {what} — policy {target.schedule.policy} — "
+            f"{target.schedule.makespan:.1f} s, {target.schedule.clips_per_hour:.2f} clips/h"
+        )
+        try:
+            draw(target.schedule, target.candidate.resources, gantt, title, target.bound.seconds if target.bound else None)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise ConfigError(f"--gantt {gantt}: cannot write: {exc}") from None
+        out["gantt"] = {"topology": target.name, "path": str(gantt)}
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        print_report(evals, base, rec, out)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> None:  # noqa: ANN001
+    console = Console(highlight=False)
+    if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
+        console = Console(highlight=False, width=160)
+    console.print(
+        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} · profile {out['profile']}",
+        soft_wrap=True,
+    )
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col, justify in [
+        ("topology", "left"), ("makespan s", "right"), ("clips/h", "right"), ("vs baseline", "right"),
+        ("design RR clips/h", "right"), ("lower bound s", "right"), ("÷ LB", "right"), ("decoder idle", "left"),
+    ]:
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    rows = {r["topology"]: r for r in out["topologies"]}
+    feasible = [e for e in evals if e.schedule is not None]
+    infeasible = [e for e in evals if e.schedule is None]
+    width = max((len(e.name) for e in feasible), default=10) + 2
+    for ev in feasible:
+        r = rows[ev.name]
+        gain = r["gain_over_baseline"]
+        is_base = ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
+        idle = "  ".join(
+            f"{d} {pct:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)" for d, pct in r["decoder_idle_pct"].items()
+        )
+        table.add_row(
+            _label(ev, rec, out),
+            f"{r['makespan_s']:.1f}",
+            f"{r['clips_per_hour']:.2f}",
+            "baseline" if is_base else (f"{gain:+.1%}" if gain is not None else "—"),
+            f"{r['design_policy']['clips_per_hour']:.2f}",
+            f"{r['lower_bound_s']:.1f}",
+            f"{r['makespan_over_lower_bound']:.3f}",
+            idle,
+        )
+    console.print(table)
+    console.print("[bold]utilisation[/] (busy share of the makespan):", soft_wrap=True)
+    for ev in feasible:
+        r = rows[ev.name]
+        encodes = {p.encoder for p in ev.candidate.resources.samplers if p.encoder != p.name}  # type: ignore[union-attr]
+        parts = [f"{k} {_pct(v)}" + (" (encodes for others)" if k in encodes else "") for k, v in r["utilisation"].items()]
+        console.print(f"  {ev.name:<{width}}" + " · ".join(parts), soft_wrap=True)
+    shown = infeasible if len(infeasible) <= 8 else infeasible[:3]
+    for ev in shown:
+        console.print(f"[dim]cannot run: {ev.name}: {ev.candidate.reason}[/]", soft_wrap=True)
+    if len(infeasible) > len(shown):
+        more = len(infeasible) - len(shown)
+        console.print(f"[dim]... and {more} more topologies that cannot run on this hardware[/]", soft_wrap=True)
+    console.print(f"baseline: {base.name} ({base.rate:.2f} clips/h): {BASELINE_WHY}.", soft_wrap=True)
+    modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
+    if modelled:
+        console.print("[dim]modelled, not in the profile: " + "; ".join(modelled) + "[/]", soft_wrap=True)
+    if rec:
+        console.print(f"[bold green]recommended[/]: {rec.sentence}", soft_wrap=True)
+    else:
+        console.print("[bold red]no topology can run this batch on this hardware[/]", soft_wrap=True)
+    if "gantt" in out:
+        console.print(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}", soft_wrap=True)
+
+
+def _label(ev: Evaluation, rec, out: dict) -> str:  # noqa: ANN001
+    name = ev.name
+    if rec and ev.name == rec.name:
+        name += " ★"
+    if ev.name == out["current_topology"]:
+        name += " (local.json)"
+    return name
+
+
+@app.command()
+@operator_command
+def plan(
+    spec: Annotated[Optional[str], typer.Option(help="Plan --clips clips of this spec: sd | hd (default sd).")] = None,
+    batch: Annotated[Optional[Path], typer.Option(help="Plan the clips of this batch file instead.")] = None,
+    clips: Annotated[Optional[int], typer.Option(help="How many clips of --spec (default 6, the design's).")] = None,
+    topology: Annotated[
+        str, typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition.")
+    ] = "all",
+    profile: Annotated[Optional[Path], typer.Option(help="Stage-time profile TOML (default: the shipped one).")] = None,
+    threshold: Annotated[float, typer.Option(help="Extra hardware must add at least this share of clips/h.")] = 0.15,
+    gantt: Annotated[Optional[Path], typer.Option(help="Write the recommended topology's Gantt chart here (PNG).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    host_map: Annotated[Optional[Path], typer.Option("--host-map", help="The hardware, as a host-map.json.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")] = None,
+    policy: Annotated[str, typer.Option(help="best | earliest-finish | design (the design's round-robin).")] = "best",
+) -> None:
+    """Step 3: simulate topologies offline and recommend one (Gantt chart, lower bound)."""
+    run_plan(
+        spec=spec, batch=batch, clips=clips, topology=topology, profile=profile, threshold=threshold,
+        gantt=gantt, as_json=json_out, host_map=host_map, config=config, policy=policy,
+    )
+
+
+@app.command()
+@operator_command
+def calibrate(
+    run_ids: Annotated[list[str], typer.Argument(help="Finished runs to learn stage times from.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The calibrated profile (TOML).")] = Path("profile.toml"),
+    base: Annotated[Optional[Path], typer.Option(help="Profile to start from (default: the shipped one).")] = None,
+    config: ConfigOpt = Path("local.json"),
+) -> None:
+    """Fit the planner's profile from the measured stage durations of runs (`plan --profile` reads it)."""
+    from h3flow.pipeline.calibration import run_calibrate
+
+    for note in run_calibrate(run_ids, config, output, base):
+        console.print(f"  {note}")
+    console.print(f"[green]✓[/] wrote {output}")

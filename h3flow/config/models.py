@@ -1,0 +1,298 @@
+"""The two config files, as pydantic models (the single source of truth for config).
+
+- ``host-map.json`` (:class:`HostMap`) is what the operator writes: hosts, GPUs, roles,
+  the link, the Prefect API, stores, the transfer method.
+- ``local.json`` (:class:`LocalConfig`) is what ``h3flow config-adapt`` resolves it into:
+  every default and derived value spelled out — pools with their Ulysses degree and
+  visible devices, Prefect work pool names, ComfyUI URLs, per-host environment, store
+  paths, transfer routes — so every other command reads one explicit file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from h3flow.core.errors import ConfigError
+from h3flow.core.jsonio import format_validation_error, load_json_file
+
+NAME = r"^[a-z][a-z0-9-]{0,31}$"
+Role = Literal["encode", "sample", "decode"]
+EngineName = Literal["comfy", "local"]
+ENGINES: tuple[EngineName, ...] = ("local", "comfy")
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- host map
+class Gpu(Strict):
+    index: Annotated[int, Field(ge=0, le=63)]
+    model: str = Field(min_length=1)
+    vram_gb: Annotated[float, Field(gt=0, le=1024)]
+    arch: str = Field(description="sm75, sm86, gfx1100, ... or cpu for the embedded default")
+
+    @field_validator("arch")
+    @classmethod
+    def _arch_known(cls, value: str) -> str:
+        if not re.match(r"^(sm\d{2,3}|gfx\d{3,4}[a-z]?|cpu)$", value):
+            raise ValueError(f"unknown GPU architecture {value!r} (expected e.g. sm75, sm86, gfx1100, cpu)")
+        return value
+
+    @property
+    def vendor(self) -> Literal["nvidia", "amd", "cpu"]:
+        return "nvidia" if self.arch.startswith("sm") else "amd" if self.arch.startswith("gfx") else "cpu"
+
+
+class Storage(Strict):
+    root: str = Field(min_length=1, description="store root: latents/, conditioning/ live under it")
+    outputs: str | None = Field(None, description="where MP4s go (default: <root>/outputs)")
+
+
+class Host(Strict):
+    name: str = Field(pattern=NAME)
+    description: str = ""
+    address: str = Field(min_length=1, description="internal address (the 10 GbE side)")
+    ssh_alias: str | None = None
+    user: str | None = None
+    port: Port = 22
+    venv: str = Field(min_length=1)
+    comfy_dir: str | None = None
+    comfy_port: Port = 8188
+    raylight_dir: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    roles: list[Role] = Field(min_length=1)
+    storage: Storage
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _gpus_unique(self) -> "Host":
+        seen: set[int] = set()
+        for gpu in self.gpus:
+            if gpu.index in seen:
+                raise ValueError(f"host {self.name!r}: GPU index {gpu.index} is listed twice")
+            seen.add(gpu.index)
+        if len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"host {self.name!r}: a role is listed twice")
+        if {"sample", "decode", "encode"} & set(self.roles) and not self.gpus:
+            raise ValueError(f"host {self.name!r} has GPU roles but no GPUs")
+        return self
+
+
+class Link(Strict):
+    hosts: tuple[str, str]
+    rtt_ms: Annotated[float, Field(ge=0)] = 0.3
+    gbit_s: Annotated[float, Field(gt=0)] = 10.0
+    method: Literal["tcp", "sftp"] | None = Field(None, description="overrides transfer.method on this link")
+
+
+class SecretSource(Strict):
+    """Where the transfer secret comes from; its value never goes into local.json."""
+
+    source: Literal["env", "file", "prefect-secret"] = "env"
+    name: str = Field("H3FLOW_TRANSFER_SECRET", description="env variable or Prefect Secret block name")
+    path: str | None = Field(None, description="file holding the secret (source: file)")
+
+    @model_validator(mode="after")
+    def _file_has_path(self) -> "SecretSource":
+        if self.source == "file" and not self.path:
+            raise ValueError("secret source 'file' needs a path")
+        return self
+
+
+class Transfer(Strict):
+    method: Literal["tcp", "sftp"] = "tcp"
+    port: Port = 9410
+    max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
+    secret: SecretSource = SecretSource()
+
+
+class Schedule(Strict):
+    cron: str = Field(min_length=9)
+    timezone: str = "UTC"
+    inbox: str = Field(min_length=1)
+
+
+class PrefectSettings(Strict):
+    api_url: str = Field(pattern=r"^https?://")
+    schedule: Schedule | None = None
+
+
+class Model(Strict):
+    """What runs: MiniMax H3 through ComfyUI, or the reference model (embedded default)."""
+
+    kind: Literal["h3", "reference"] = "h3"
+    text_encoder: str = "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"
+    dit: str = "minimax_h3_fl2va_pruned_int8_convrot.safetensors"
+    lora: str | None = "minimax_h3_fl2v_lightx2v_turbo_4step_v0.1_comfy.safetensors"
+    vae: str = "minimax_h3_video_vae_int8_convrot.safetensors"
+    audio_vae: str = "minimax_h3_audio_vae_fp32.safetensors"
+    dit_vram_gb: Annotated[float, Field(ge=0)] = 20.0
+    vae_vram_gb: Annotated[float, Field(ge=0)] = 6.0
+    steps: Annotated[int, Field(ge=1, le=100)] = 6
+    sampler: str = "euler"
+    scheduler: str = "simple"
+
+
+class HostMap(Strict):
+    version: Literal[1] = 1
+    engine: EngineName = "comfy"
+    topology: str | None = None
+    prefect: PrefectSettings
+    model: Model = Model()
+    hosts: list[Host] = Field(min_length=1)
+    links: list[Link] = Field(default_factory=list)
+    transfer: Transfer = Transfer()
+    runs_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "HostMap":
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate host name {dupes[0]!r}")
+        for link in self.links:
+            for name in link.hosts:
+                if name not in names:
+                    raise ValueError(f"link names unknown host {name!r}")
+        return self
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(f"unknown host {name!r}")
+
+
+# --------------------------------------------------------------------------- local.json
+class ResolvedStorage(Strict):
+    root: str
+    latents: str
+    conditioning: str
+    outputs: str
+
+
+class ResolvedHost(Strict):
+    name: str
+    description: str
+    address: str
+    ssh_alias: str
+    user: str | None
+    port: int
+    venv: str
+    comfy_dir: str | None
+    raylight_dir: str | None
+    roles: list[Role]
+    gpus: list[Gpu]
+    storage: ResolvedStorage
+    env: dict[str, str]
+
+
+class Pool(Strict):
+    """One GPU pool: one ComfyUI instance, one Prefect work pool, one worker."""
+
+    name: str
+    work_pool: str
+    role: Literal["sample", "decode"]
+    host: str
+    gpus: list[int]
+    gpu_model: str
+    arch: str
+    vram_gb: float
+    ulysses_degree: int
+    comfy_url: str
+    comfy_port: int
+    encoder_pool: str | None = Field(description="the pool whose ComfyUI encodes this pool's clips")
+    env: dict[str, str]
+
+
+class Route(Strict):
+    """How a latent gets from a sampler host to a decoder host."""
+
+    source: str
+    target: str
+    method: Literal["tcp", "sftp", "local"]
+    address: str
+    port: int
+    store_root: str
+    rtt_ms: float
+    gbit_s: float
+
+
+class Receiver(Strict):
+    host: str
+    bind: str
+    port: int
+
+
+class LocalConfig(Strict):
+    version: Literal[1] = 1
+    generated_by: str
+    source_sha256: str
+    engine: EngineName
+    topology: str
+    topology_canonical: str
+    prefect: PrefectSettings
+    model: Model
+    runs_dir: str
+    hosts: dict[str, ResolvedHost]
+    pools: list[Pool]
+    routes: list[Route]
+    receivers: list[Receiver]
+    transfer: Transfer
+    control_work_pool: str = Field("h3-control", description="work pool of the batch (dispatcher) deployments")
+    work_dir: str | None = Field(None, description="the embedded default's work dir")
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.pools:
+            if pool.name == name or pool.work_pool == name:
+                return pool
+        raise ConfigError(f"unknown pool {name!r} (known: {', '.join(p.name for p in self.pools)})")
+
+    @property
+    def samplers(self) -> list[Pool]:
+        return [p for p in self.pools if p.role == "sample"]
+
+    @property
+    def decoders(self) -> list[Pool]:
+        return [p for p in self.pools if p.role == "decode"]
+
+    def route(self, source_host: str, target_host: str) -> Route:
+        for route in self.routes:
+            if route.source == source_host and route.target == target_host:
+                return route
+        raise ConfigError(f"no route from {source_host!r} to {target_host!r}")
+
+
+def parse_model(model: type[BaseModel], raw: object, source: str) -> BaseModel:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_host_map(path: Path) -> HostMap:
+    return parse_model(HostMap, load_json_file(path), str(path))  # type: ignore[return-value]
+
+
+def load_local_config(path: Path = Path("local.json")) -> LocalConfig:
+    if not Path(path).exists():
+        raise ConfigError(f"{path}: no such file (run `h3flow config-adapt` first)")
+    return parse_model(LocalConfig, load_json_file(path), str(path))  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_config(path: str, mtime: float) -> LocalConfig:
+    return load_local_config(Path(path))
+
+
+def config_at(path: str | os.PathLike[str]) -> LocalConfig:
+    """local.json at ``path``, parsed once per process (and again when the file changes)."""
+    return _cached_config(str(path), os.stat(path).st_mtime)

@@ -1,0 +1,47 @@
+"""Every ``H3FLOW_*`` environment variable, in one typed model, read at use.
+
+``local.json`` is the config; these are the few knobs that belong to a process instead
+(which config file a worker's flow runs read, how patient the dispatcher is, where the
+test ComfyUI is cached). :func:`settings` reads the environment each time it is
+called, so a test or a host's env in the host map changes them without a restart and
+nothing is frozen at import time. docs/settings.md lists them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from h3flow.core.errors import ConfigError
+from h3flow.core.jsonio import format_validation_error
+
+
+class Settings(BaseSettings):
+    """The ``H3FLOW_*`` variables (``H3FLOW_`` + the field name in capitals)."""
+
+    model_config = SettingsConfigDict(env_prefix="H3FLOW_", extra="ignore", frozen=True)
+
+    config: Path | None = Field(
+        None, description="local.json for commands and flow runs given no --config (workers get it from `start`)"
+    )
+    ssh_config: Path | None = Field(None, description="SSH config file for remote operations (default ~/.ssh/config)")
+    cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "h3flow",
+        description="where the demo/test ComfyUI install is cached",
+    )
+    worker_stale_s: float = Field(
+        20.0, gt=0, description="a pool is gone when its worker's last heartbeat is this old (dispatcher)"
+    )
+    decoder_gone_s: float = Field(
+        60.0, gt=0, description="the run fails when no decoder (or no sampler, with clips left) is alive this long"
+    )
+
+
+def settings() -> Settings:
+    """The current ``H3FLOW_*`` settings (read from the environment now); a bad value is a ConfigError."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error("H3FLOW_* environment", exc)) from None

@@ -1,0 +1,64 @@
+"""Operator commands done on another host: the controller's side of the agent protocol.
+
+Each function opens one verified SSH connection (:mod:`h3flow.ops.ssh`) and asks the
+h3flow agent in the host's venv (:mod:`h3flow.ops.agent`) to do the work there, with
+JSON in and out, so no operator text ever crosses a remote shell.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from h3flow.config.models import load_local_config
+from h3flow.core.errors import ConfigError, H3FlowError
+from h3flow.core.paths import PATCHES_DIR
+from h3flow.ops.comfy_install import PACK_SOURCE, _pack_files
+from h3flow.ops.patches import PatchReport, agent_request, reports_from
+from h3flow.ops.ssh import connected
+
+
+def patches_on_host(
+    host: str,
+    action: str,
+    comfy_dir: Path | None,
+    raylight_dir: Path | None,
+    config_path: Path = Path("local.json"),
+    patches_dir: Path = PATCHES_DIR,
+) -> list[PatchReport]:
+    """Check or apply the patches in a host's checkouts over SSH.
+
+    The patch files travel with the request to the h3flow agent in the host's venv,
+    which runs :func:`check_trees` / :func:`apply_trees` there (GNU patch on that host).
+    The directories are paths on the host: the given ones, else the host's
+    ``comfy_dir`` / ``raylight_dir`` from local.json.
+    """
+    config = load_local_config(config_path)
+    if host not in config.hosts:
+        raise H3FlowError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    resolved = config.hosts[host]
+    given = comfy_dir is not None or raylight_dir is not None
+    comfy = str(comfy_dir) if given and comfy_dir else None if given else resolved.comfy_dir
+    raylight = str(raylight_dir) if given and raylight_dir else None if given else resolved.raylight_dir
+    if comfy is None and raylight is None:
+        raise H3FlowError(f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
+                          "--raylight-dir (paths on that host)")
+    with connected(config, host) as runner:
+        answer = runner.agent("patches", agent_request(action, comfy, raylight, patches_dir), timeout=300.0)
+    return reports_from(answer)
+
+
+def install_nodes_on_host(config_path: Path, host: str, comfy_dir: str | None = None) -> tuple[str, str]:
+    """``h3flow nodes install --host``: this checkout's node pack into ``<comfy_dir>/custom_nodes/h3flow_nodes``
+    on the host (the agent there runs the same ``install_node_pack``: identical files are left
+    alone, a changed pack is replaced whole). Returns (installed | updated | unchanged, target)."""
+    config = load_local_config(config_path)
+    if host not in config.hosts:
+        raise ConfigError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    target = comfy_dir or config.hosts[host].comfy_dir
+    if not target:
+        raise ConfigError(f"host {host!r} has no comfy_dir in local.json: give --comfy-dir (a path on that host)")
+    files = {rel: base64.b64encode(data).decode() for rel, data in _pack_files(PACK_SOURCE).items()}
+    with connected(config, host) as runner:
+        answer = runner.agent("nodes_install", {"comfy_dir": target, "files": files}, timeout=120.0)
+    return answer["status"], answer["target"]

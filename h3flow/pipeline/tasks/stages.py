@@ -1,0 +1,228 @@
+"""encode → offload → sample → transfer → decode as Prefect tasks.
+
+Every task takes plain JSON values (a clip as a dict, pool names, the config path and
+the stage's content key) and returns a small JSON dict describing a file on the host
+(path, SHA-256, size) plus where and how long it ran. Results are persisted as JSON in
+a host-local result store, so a cache hit hands back the file's address, never a
+tensor. Retries happen on transient failures only (dropped connections, timeouts, a
+restarted service), never on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.context import TaskRunContext
+
+from h3flow.config.models import LocalConfig, config_at
+from h3flow.core.batch import Clip
+from h3flow.core.errors import IntegrityError, TransientError  # noqa: F401 - IntegrityError is never retried
+from h3flow.core.files import FileRef
+from h3flow.core.fsutil import sha256_file
+from h3flow.engines import engine_for
+
+RETRIES = 3
+RETRY_DELAYS = [1, 3, 9]
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, (TransientError, ConnectionError, TimeoutError))
+
+
+def retry_transient(task_: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry condition: retry only what may succeed on a second try."""
+    try:
+        state.result()
+    except Exception as exc:  # noqa: BLE001 - we classify, not handle
+        return is_transient(exc)
+    return False
+
+
+def key_from_parameters(_ctx: TaskRunContext, parameters: dict[str, Any]) -> str:
+    return f"{parameters['stage_name']}-{parameters['key']}"
+
+
+def host_cache(results: Path) -> Any:
+    """The content-key cache on one host: records beside the results, SERIALIZABLE.
+
+    SERIALIZABLE with a host-local lock means two flow runs that reach the same stage
+    key at once (a resumed run beside a still-running child) compute it once; the second
+    waits and gets the cached result.
+    """
+    from prefect.locking.filesystem import FileSystemLockManager
+
+    return CacheKeyFnPolicy(cache_key_fn=key_from_parameters).configure(
+        key_storage=results / "keys",
+        isolation_level="SERIALIZABLE",
+        lock_manager=FileSystemLockManager(lock_files_directory=results / "locks"),
+    )
+
+
+def journal(config: LocalConfig, host: str, stage: str, clip_id: str, pool: str) -> None:
+    """Append one line per real engine invocation (what resume tests count)."""
+    path = Path(config.hosts[host].storage.root) / "journal.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"t": time.time(), "stage": stage, "clip": clip_id, "pool": pool, "pid": os.getpid()})
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def adopt(tmp: Path, directory: Path, suffix: str) -> FileRef:
+    """Rename a freshly written file to its content address ``<sha>.<suffix>`` in ``directory``."""
+    sha = sha256_file(tmp)
+    target = directory / f"{sha}{suffix}"
+    if target.exists():
+        tmp.unlink()
+    else:
+        os.replace(tmp, target)
+    return FileRef(target, sha, target.stat().st_size)
+
+
+def _result(ref: FileRef, host: str, pool: str, started: float, **extra: Any) -> dict[str, Any]:
+    return {
+        **ref.to_json(),
+        "host": host,
+        "pool": pool,
+        "started": started,
+        "seconds": round(time.time() - started, 3),
+        "node": socket.gethostname(),
+        **extra,
+    }
+
+
+STAGE_OPTIONS: dict[str, Any] = dict(
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_transient,
+    cache_policy=CacheKeyFnPolicy(cache_key_fn=key_from_parameters),  # host_cache() per host at run time
+    persist_result=True,
+    result_serializer="json",
+)
+
+
+@task(name="encode", **STAGE_OPTIONS)
+def encode(clip: dict[str, Any], pool: str, config_path: str, key: str, stage_name: str = "encode") -> dict[str, Any]:
+    """Prompt + reference image → conditioning file, on the pool that encodes for ``pool``."""
+    config = config_at(config_path)
+    encoder = config.pool(config.pool(pool).encoder_pool or pool)
+    started = time.time()
+    clip_ = Clip.model_validate(clip)
+    directory = Path(config.hosts[encoder.host].storage.conditioning)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".tmp-{clip_.id}-{uuid.uuid4().hex}.safetensors"
+    journal(config, encoder.host, "encode", clip_.id, encoder.name)
+    try:
+        engine_for(config, encoder.name).encode(clip_, tmp)
+        ref = adopt(tmp, directory, ".safetensors")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _result(ref, encoder.host, encoder.name, started)
+
+
+@task(name="offload", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_transient)
+def offload(pool: str, config_path: str) -> dict[str, Any]:
+    """Free the encoder's VRAM before sampling and check what is free per device."""
+    config = config_at(config_path)
+    report = engine_for(config, config.pool(pool).encoder_pool or pool).offload()
+    return {
+        "freed_bytes": report.freed_bytes,
+        "free_per_device": report.free_per_device,
+        "kept_cpu_copy": report.kept_cpu_copy,
+    }
+
+
+@task(name="sample", **STAGE_OPTIONS)
+def sample(
+    clip: dict[str, Any], conditioning: dict[str, Any], pool: str, config_path: str, key: str, stage_name: str = "sample"
+) -> dict[str, Any]:
+    """Conditioning + seed → .h3latent in the sampler host's content-addressed store."""
+    from h3flow.handoff.store import LatentStore
+
+    config = config_at(config_path)
+    pool_ = config.pool(pool)
+    started = time.time()
+    clip_ = Clip.model_validate(clip)
+    store = LatentStore(Path(config.hosts[pool_.host].storage.root))
+    tmp_dir = Path(config.hosts[pool_.host].storage.root) / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / f"{clip_.id}-{uuid.uuid4().hex}.h3latent"
+    journal(config, pool_.host, "sample", clip_.id, pool)
+    try:
+        engine_for(config, pool).sample(clip_, FileRef.from_json(conditioning), tmp)
+        ref = store.put_file(tmp, move=True)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _result(ref, pool_.host, pool, started)
+
+
+@task(name="transfer", **STAGE_OPTIONS)
+def transfer(
+    latent: dict[str, Any],
+    clip_id: str,
+    pool: str,
+    decoder: str,
+    config_path: str,
+    key: str,
+    stage_name: str = "transfer",
+) -> dict[str, Any]:
+    """Send the latent to the decoder host's store; both ends check the SHA-256."""
+    from h3flow.handoff.transfer import send
+
+    config = config_at(config_path)
+    source, target = config.pool(pool).host, config.pool(decoder).host
+    started = time.time()
+    journal(config, source, "transfer", clip_id, pool)
+    ref = send(FileRef.from_json(latent), destination_for(config, source, target))
+    return _result(ref, target, decoder, started, method=config.route(source, target).method)
+
+
+def destination_for(config: LocalConfig, source_host: str, target_host: str) -> Any:
+    from h3flow.config.secret import load_secret
+    from h3flow.handoff.destination import Destination
+
+    route = config.route(source_host, target_host)
+    target = config.hosts[target_host]
+    return Destination(
+        method=route.method,
+        host=target_host,
+        address=route.address,
+        port=route.port,
+        ssh_alias=target.ssh_alias,
+        store_root=Path(route.store_root),
+        secret=load_secret(config.transfer.secret) if route.method == "tcp" else None,
+    )
+
+
+@task(name="decode", **STAGE_OPTIONS)
+def decode(
+    latent_sha256: str, clip_id: str, decoder: str, config_path: str, key: str, stage_name: str = "decode"
+) -> dict[str, Any]:
+    """A verified latent from this host's store → H.264 + AAC MP4 (content-addressed)."""
+    from h3flow.handoff.store import LatentStore
+
+    config = config_at(config_path)
+    pool_ = config.pool(decoder)
+    storage = config.hosts[pool_.host].storage
+    store = LatentStore(Path(storage.root))
+    path = store.path_for(latent_sha256)
+    if not path.exists():
+        raise IntegrityError(f"latent {latent_sha256[:12]} is not in {pool_.host}'s store")
+    started = time.time()
+    directory = Path(storage.outputs) / "by-hash"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".tmp-{clip_id}-{uuid.uuid4().hex}.mp4"
+    journal(config, pool_.host, "decode", clip_id, decoder)
+    try:
+        engine_for(config, decoder).decode(FileRef(path, latent_sha256, path.stat().st_size), tmp)
+        ref = adopt(tmp, directory, ".mp4")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _result(ref, pool_.host, decoder, started)
