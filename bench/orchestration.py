@@ -23,16 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rich.console import Console  # noqa: E402
+from rich.console import Console
 
-from h3flow.cli.config import render  # noqa: E402
-from h3flow.cli.runs import start_run, wait  # noqa: E402
-from h3flow.config.adapt import adapt, local_host_map  # noqa: E402
-from h3flow.core.fsutil import atomic_write_json  # noqa: E402
-from h3flow.ops.lifecycle import start_services, stop_services  # noqa: E402
-from h3flow.pipeline.calibration import fit  # noqa: E402
-from h3flow.planner import Planner, Resources, make_policy, parse_profile, simulate  # noqa: E402
-from h3flow.planner.timing import PlanClip  # noqa: E402
+from h3flow.cli.config import render
+from h3flow.cli.runs import start_run, wait
+from h3flow.config.adapt import adapt, local_host_map
+from h3flow.core.fsutil import atomic_write_json
+from h3flow.ops.lifecycle import start_services, stop_services
+from h3flow.pipeline.calibration import fit
+from h3flow.planner import Planner, Resources, make_policy, parse_profile, simulate
+from h3flow.planner.timing import PlanClip
 
 PROMPTS = ["slow pan left, calm", "fast zoom in, energetic", "tilt up, happy", "zoom out, melancholic"]
 IMAGES = sorted((ROOT / "examples" / "images").glob("*.png"))
@@ -40,8 +40,14 @@ IMAGES = sorted((ROOT / "examples" / "images").glob("*.png"))
 
 def batch_file(folder: Path, n: int, tag: str) -> Path:
     clips = [
-        {"id": f"{tag}{i:02d}", "prompt": PROMPTS[i % len(PROMPTS)], "image": str(IMAGES[i % len(IMAGES)]),
-         "spec": "tiny", "seconds": 5, "seed": 1000 + i + 100 * n}
+        {
+            "id": f"{tag}{i:02d}",
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "image": str(IMAGES[i % len(IMAGES)]),
+            "spec": "tiny",
+            "seconds": 5,
+            "seed": 1000 + i + 100 * n,
+        }
         for i in range(n)
     ]
     path = folder / f"bench-{tag}.json"

@@ -21,18 +21,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from h3flow.config.models import load_host_map  # noqa: E402
-from h3flow.planner import BestOf, EarliestFinish, PlanClip, Planner, RoundRobin, load_profile, simulate  # noqa: E402
-from h3flow.planner.recommend import evaluate, recommend  # noqa: E402
-from h3flow.planner.search import build, candidates  # noqa: E402
+from h3flow.config.models import load_host_map
+from h3flow.planner import BestOf, EarliestFinish, PlanClip, Planner, RoundRobin, load_profile, simulate
+from h3flow.planner.recommend import evaluate, recommend
+from h3flow.planner.search import build, candidates
 
 
-def plan_search(hm, profile, clips):  # noqa: ANN001, ANN201
+def plan_search(hm, profile, clips):
     evals = [evaluate(c, clips, profile, "best") for c in candidates(hm, "search", profile)]
     return evals, recommend(evals, 0.15)
 
 
-def timed(fn, repeat: int = 3) -> tuple[float, float, object]:  # noqa: ANN001
+def timed(fn, repeat: int = 3) -> tuple[float, float, object]:
     """(best wall seconds, best CPU seconds, last result) over ``repeat`` runs."""
     walls, cpus, result = [], [], None
     for _ in range(repeat):
@@ -58,9 +58,10 @@ def main() -> None:
     rng = random.Random(1)
     for label, clips in [
         (f"{args.clips} SD clips", [PlanClip.make(f"c{i}", "sd") for i in range(args.clips)]),
-        (f"{args.clips} mixed SD/HD clips of 2-10 s", [
-            PlanClip.make(f"m{i}", rng.choice(["sd", "hd"]), rng.choice([2.0, 5.0, 10.0])) for i in range(args.clips)
-        ]),
+        (
+            f"{args.clips} mixed SD/HD clips of 2-10 s",
+            [PlanClip.make(f"m{i}", rng.choice(["sd", "hd"]), rng.choice([2.0, 5.0, 10.0])) for i in range(args.clips)],
+        ),
     ]:
         wall, cpu, (evals, rec) = timed(lambda clips=clips: plan_search(hm, profile, clips))
         feasible = sum(1 for e in evals if e.schedule)
@@ -72,8 +73,16 @@ def main() -> None:
         )
         print(f"    recommended: {rec.name}")
 
-    print(f"\npolicies on {args.batches} random batches (4-16 clips, SD/HD, 2-8 s), makespan vs the design's round-robin")
-    topologies = ["four_four_xtx_plus_one", "eight_xtx_plus_one", "four_xtx_plus_one", "4+2+2+xtx", "four_four_plus_one"]
+    print(
+        f"\npolicies on {args.batches} random batches (4-16 clips, SD/HD, 2-8 s), makespan vs the design's round-robin"
+    )
+    topologies = [
+        "four_four_xtx_plus_one",
+        "eight_xtx_plus_one",
+        "four_xtx_plus_one",
+        "4+2+2+xtx",
+        "four_four_plus_one",
+    ]
     planners = {t: Planner(profile, build(hm, t, profile).resources) for t in topologies}
     for name in topologies:
         planner = planners[name]

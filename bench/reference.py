@@ -26,13 +26,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from h3flow.core.batch import Clip  # noqa: E402
-from h3flow.core.specs import AUDIO_RATE, FPS  # noqa: E402
-from h3flow.engines.local import LocalEngine  # noqa: E402
-from h3flow.handoff.format import load_latent  # noqa: E402
-from h3flow.media.mux import mux_mp4  # noqa: E402
-from h3flow.reference.audio import decode_audio  # noqa: E402
-from h3flow.reference.vae import Fp32Decoder, Int8Decoder, decode_video, psnr  # noqa: E402
+from h3flow.core.batch import Clip
+from h3flow.core.specs import AUDIO_RATE, FPS
+from h3flow.engines.local import LocalEngine
+from h3flow.handoff.format import load_latent
+from h3flow.media.mux import mux_mp4
+from h3flow.reference.audio import decode_audio
+from h3flow.reference.vae import Fp32Decoder, Int8Decoder, decode_video, psnr
 
 
 def timed(label: str, fn: Callable[[], Any], rows: list[tuple[str, float]]) -> Any:
@@ -71,12 +71,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs per decoder for the INT8/fp32 ratio")
     args = parser.parse_args()
 
-    clip = Clip(id="bench", prompt="slow pan right over the lake, calm evening", image=ROOT / "examples/images/landscape.png",
-                spec=args.spec, seconds=5, seed=1, steps=args.steps)
+    clip = Clip(
+        id="bench",
+        prompt="slow pan right over the lake, calm evening",
+        image=ROOT / "examples/images/landscape.png",
+        spec=args.spec,
+        seconds=5,
+        seed=1,
+        steps=args.steps,
+    )
     engine = LocalEngine(degree=args.degree, device=args.device)
     rows: list[tuple[str, float]] = []
-    print(f"# {args.spec} {clip.resolved_spec.height}x{clip.resolved_spec.width}, {clip.frames} frames, {args.steps} steps, "
-          f"device {args.device}, Ulysses degree {args.degree}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"# {args.spec} {clip.resolved_spec.height}x{clip.resolved_spec.width}, {clip.frames} frames, {args.steps} steps, "
+        f"device {args.device}, Ulysses degree {args.degree}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cond = timed("encode", lambda: engine.encode(clip, work / "c.cond"), rows)

@@ -36,14 +36,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the real-sshd helper
 
-import torch  # noqa: E402
+import torch
 
-from h3flow.core.files import FileRef  # noqa: E402
-from h3flow.core.specs import frames_for_seconds, get_spec  # noqa: E402
-from h3flow.handoff.destination import Destination  # noqa: E402
-from h3flow.handoff.format import H3Latent, save_latent  # noqa: E402
-from h3flow.handoff.store import LatentStore  # noqa: E402
-from h3flow.handoff.transfer import send  # noqa: E402
+from h3flow.core.files import FileRef
+from h3flow.core.specs import frames_for_seconds, get_spec
+from h3flow.handoff.destination import Destination
+from h3flow.handoff.format import H3Latent, save_latent
+from h3flow.handoff.store import LatentStore
+from h3flow.handoff.transfer import send
 
 SECRET = b"bench-secret-0123456789abcdef"
 MEMORY_DISK = "/dev/shm"  # tmpfs: fsync costs nothing there
@@ -75,9 +75,11 @@ def make_latent(folder: Path, spec_name: str) -> FileRef:
     spec = get_spec(spec_name)
     frames = frames_for_seconds(5)
     gen = torch.Generator().manual_seed(7)
-    latent = H3Latent(torch.randn(spec.video_shape(frames), generator=gen),
-                      torch.randn(spec.audio_shape(frames), generator=gen),
-                      {"clip_id": f"bench-{spec_name}", "seed": "7", "spec": spec_name, "frames": str(frames)})
+    latent = H3Latent(
+        torch.randn(spec.video_shape(frames), generator=gen),
+        torch.randn(spec.audio_shape(frames), generator=gen),
+        {"clip_id": f"bench-{spec_name}", "seed": "7", "spec": spec_name, "frames": str(frames)},
+    )
     path = folder / f"{spec_name}.h3latent"
     sha = save_latent(path, latent)
     return FileRef(path, sha, path.stat().st_size)
@@ -108,8 +110,9 @@ class Bench:
 
     def spawn(self, argv: list[str], pattern: str = "") -> str:
         """Start a server process; return the first stdout line that contains ``pattern``."""
-        proc = subprocess.Popen([*self.wrap, *argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                cwd=ROOT)
+        proc = subprocess.Popen(
+            [*self.wrap, *argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT
+        )
         self.processes.append(proc)
         assert proc.stdout is not None
         while line := proc.stdout.readline():
@@ -140,43 +143,73 @@ class Bench:
             if reason:
                 print(f"  sftp skipped: {reason}")
             else:
-                dests["sftp"] = Destination("sftp", self.name, "", 0, "bench", self.work / f"store-sftp-{self.name}",
-                                            None, self.sshd.config)
+                dests["sftp"] = Destination(
+                    "sftp", self.name, "", 0, "bench", self.work / f"store-sftp-{self.name}", None, self.sshd.config
+                )
         print(f"\n== {self.name} ==")
         print(f"  {'latent':<6} {'method':<9} {'median ms':>10} {'MB/s':>8} {'raw/method':>11} {'raw+disk/method':>16}")
         for spec_name, ref in latents.items():
             mb = ref.size / 1e6
-            raw = self._time(lambda: raw_copy(ref, self.address, raw_port))
+            raw = self._time(lambda ref=ref: raw_copy(ref, self.address, raw_port))
             rows: list[tuple[str, list[float]]] = [("raw", raw)]
-            rows.append(("raw+disk", self._time(lambda: raw_copy(ref, self.address, disk_port))))
+            rows.append(("raw+disk", self._time(lambda ref=ref: raw_copy(ref, self.address, disk_port))))
             for method, dest in dests.items():
                 target = LatentStore(dest.store_root)
 
-                def once(dest: Destination = dest) -> None:
+                def once(dest: Destination = dest, ref: FileRef = ref) -> None:
                     out = send(ref, dest, timeout=30)
                     assert out.sha256 == ref.sha256
 
-                rows.append((method, self._time(once, reset=lambda t=target: t.gc(set()),
-                                                interleave=lambda: raw_copy(ref, self.address, raw_port),
-                                                interleaved=raw)))
+                rows.append(
+                    (
+                        method,
+                        self._time(
+                            once,
+                            reset=lambda t=target: t.gc(set()),
+                            interleave=lambda ref=ref: raw_copy(ref, self.address, raw_port),
+                            interleaved=raw,
+                        ),
+                    )
+                )
             base, durable = median_ms(raw), median_ms(rows[1][1])
             for method, samples in rows:
                 ms = median_ms(samples)
-                print(f"  {spec_name:<6} {method:<9} {ms:>10.2f} {mb / ms * 1000:>8.0f} {base / ms:>11.2f} "
-                      f"{durable / ms:>16.2f}")
+                print(
+                    f"  {spec_name:<6} {method:<9} {ms:>10.2f} {mb / ms * 1000:>8.0f} {base / ms:>11.2f} "
+                    f"{durable / ms:>16.2f}"
+                )
                 self.results[(spec_name, method)] = (ms, base / ms)
             sys.stdout.flush()
 
     def _receiver(self, store: Path) -> Destination:
-        line = self.spawn([sys.executable, "-m", "h3flow.cli", "receiver", "--store", str(store),
-                           "--bind", f"{self.address}:0", "--secret-env", "H3FLOW_BENCH_SECRET",
-                           "--min-free", "0"], "listening on")
+        line = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "h3flow.cli",
+                "receiver",
+                "--store",
+                str(store),
+                "--bind",
+                f"{self.address}:0",
+                "--secret-env",
+                "H3FLOW_BENCH_SECRET",
+                "--min-free",
+                "0",
+            ],
+            "listening on",
+        )
         self.stores.append(store)
         port = int(line.split()[4].rsplit(":", 1)[1])
         return Destination("tcp", self.name, self.address, port, None, store, SECRET)
 
-    def _time(self, action: Callable[[], None], reset: Callable[[], object] | None = None,
-              interleave: Callable[[], None] | None = None, interleaved: list[float] | None = None) -> list[float]:
+    def _time(
+        self,
+        action: Callable[[], None],
+        reset: Callable[[], object] | None = None,
+        interleave: Callable[[], None] | None = None,
+        interleaved: list[float] | None = None,
+    ) -> list[float]:
         samples = []
         action()  # warm-up: page cache, first connection, imports
         for _ in range(self.repeat):
@@ -220,24 +253,52 @@ class ShapedLink:
 
     def up(self) -> None:
         ns = ["ip", "netns", "exec", self.ns]
-        for argv in (["ip", "netns", "add", self.ns],
-                     ["ip", "link", "add", self.here, "type", "veth", "peer", "name", self.there],
-                     ["ip", "link", "set", self.there, "netns", self.ns],
-                     ["ip", "addr", "add", f"{self.local}/30", "dev", self.here],
-                     ["ip", "link", "set", self.here, "up"],
-                     [*ns, "ip", "addr", "add", f"{self.address}/30", "dev", self.there],
-                     [*ns, "ip", "link", "set", self.there, "up"],
-                     [*ns, "ip", "link", "set", "lo", "up"]):
+        for argv in (
+            ["ip", "netns", "add", self.ns],
+            ["ip", "link", "add", self.here, "type", "veth", "peer", "name", self.there],
+            ["ip", "link", "set", self.there, "netns", self.ns],
+            ["ip", "addr", "add", f"{self.local}/30", "dev", self.here],
+            ["ip", "link", "set", self.here, "up"],
+            [*ns, "ip", "addr", "add", f"{self.address}/30", "dev", self.there],
+            [*ns, "ip", "link", "set", self.there, "up"],
+            [*ns, "ip", "link", "set", "lo", "up"],
+        ):
             subprocess.run(argv, check=True, capture_output=True, text=True)
         for prefix, dev in (((), self.here), (tuple(ns), self.there)):
-            delayed = subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
-                                      "delay", f"{DELAY_MS}ms"], capture_output=True, text=True)
+            delayed = subprocess.run(
+                [*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{DELAY_MS}ms"],
+                capture_output=True,
+                text=True,
+            )
             parent = ["parent", "1:1"] if delayed.returncode == 0 else ["root"]
-            subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", RATE,
-                            "burst", "256kb", "latency", "5ms"], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [
+                    *prefix,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    *parent,
+                    "handle",
+                    "10:",
+                    "tbf",
+                    "rate",
+                    RATE,
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "5ms",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             if delayed.returncode != 0 and not self.notes:
-                self.notes.append(f"netem unavailable ({delayed.stderr.strip()}): shaped to {RATE} without the "
-                                  f"{DELAY_MS} ms delay; each extra round trip would add {2 * DELAY_MS:.2f} ms")
+                self.notes.append(
+                    f"netem unavailable ({delayed.stderr.strip()}): shaped to {RATE} without the "
+                    f"{DELAY_MS} ms delay; each extra round trip would add {2 * DELAY_MS:.2f} ms"
+                )
 
     def down(self) -> None:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
@@ -279,8 +340,10 @@ def main() -> None:
                 shaped.close()
             if ("hd", "tcp") in shaped.results:
                 ms, ratio = shaped.results[("hd", "tcp")]
-                print(f"\ngoals on the shaped link, HD latent over tcp: {ms:.1f} ms (goal < 30 ms; the design's "
-                      f"scp/socket figure: 500-900 ms), {ratio:.2f} of raw (goal >= 0.70)")
+                print(
+                    f"\ngoals on the shaped link, HD latent over tcp: {ms:.1f} ms (goal < 30 ms; the design's "
+                    f"scp/socket figure: 500-900 ms), {ratio:.2f} of raw (goal >= 0.70)"
+                )
         except subprocess.CalledProcessError as exc:
             print(f"\nshaped veth path skipped: {' '.join(exc.cmd)} failed: {exc.stderr.strip()}")
         finally:

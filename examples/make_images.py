@@ -50,7 +50,7 @@ def checker_sun() -> Image.Image:
     glow = np.exp(-((xx - 540) ** 2 + (yy - 110) ** 2) / (2 * 70.0**2))[..., None]
     img = sky * (1 - glow) + np.array([255, 230, 120]) * glow
     floor = yy >= 230
-    checker = ((xx // 92 + (yy - 230) // 46) % 2 == 0)
+    checker = (xx // 92 + (yy - 230) // 46) % 2 == 0
     img[floor & checker] = (235, 235, 225)
     img[floor & ~checker] = (60, 70, 90)
     return Image.fromarray(img.clip(0, 255).astype(np.uint8)).filter(ImageFilter.GaussianBlur(1.0))

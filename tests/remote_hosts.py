@@ -26,8 +26,15 @@ from h3flow.core.fsutil import atomic_write_json
 
 CPU = Gpu(index=0, model="cpu", vram_gb=1, arch="cpu")
 T10 = [Gpu(index=i, model="T10", vram_gb=16, arch="sm75") for i in range(2)]
-REFERENCE = Model(kind="reference", text_encoder="reference", dit="reference", lora=None, vae="reference-int8",
-                  dit_vram_gb=0.1, vae_vram_gb=0.1)
+REFERENCE = Model(
+    kind="reference",
+    text_encoder="reference",
+    dit="reference",
+    lora=None,
+    vae="reference-int8",
+    dit_vram_gb=0.1,
+    vae_vram_gb=0.1,
+)
 
 
 def free_port() -> int:
@@ -36,19 +43,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def host_map(root: Path, alias: str, *, production: bool = False, decoder_alias: str | None = None,
-             api_url: str | None = None) -> HostMap:
+def host_map(
+    root: Path, alias: str, *, production: bool = False, decoder_alias: str | None = None, api_url: str | None = None
+) -> HostMap:
     """host-a samples, host-b decodes; both behind ``alias`` (tcp transfer, file secret).
 
     ``production``: engine comfy, MiniMax H3 on two T10s (sm75) — what this machine
     does not have, so preflight must say so.
     """
+
     def host(name: str, roles: list[str], gpus: list[Gpu], ssh_alias: str) -> Host:
         comfy = root / "ComfyUI" if production else None
-        return Host(name=name, address="127.0.0.1", ssh_alias=ssh_alias, venv=sys.prefix, roles=roles, gpus=gpus,  # type: ignore[arg-type]
-                    comfy_dir=str(comfy) if comfy else None, comfy_port=free_port(),
-                    raylight_dir=str(root / "raylight") if production and "sample" in roles else None,
-                    storage=Storage(root=str(root / "store" / name)))
+        return Host(
+            name=name,
+            address="127.0.0.1",
+            ssh_alias=ssh_alias,
+            venv=sys.prefix,
+            roles=roles,
+            gpus=gpus,  # type: ignore[arg-type]
+            comfy_dir=str(comfy) if comfy else None,
+            comfy_port=free_port(),
+            raylight_dir=str(root / "raylight") if production and "sample" in roles else None,
+            storage=Storage(root=str(root / "store" / name)),
+        )
 
     gpus = T10 if production else [CPU, Gpu(index=1, model="cpu", vram_gb=1, arch="cpu")]
     return HostMap(
@@ -56,10 +73,15 @@ def host_map(root: Path, alias: str, *, production: bool = False, decoder_alias:
         topology="2" if production else "one_one_plus_one",
         prefect=PrefectSettings(api_url=api_url or f"http://127.0.0.1:{free_port()}/api"),
         model=Model() if production else REFERENCE,
-        hosts=[host("host-a", ["encode", "sample"], gpus, alias),
-               host("host-b", ["decode"], [T10[0]] if production else [CPU], decoder_alias or alias)],
-        transfer=Transfer(method="tcp", port=free_port(),
-                          secret=SecretSource(source="file", path=str(root / "secrets" / "transfer.key"))),
+        hosts=[
+            host("host-a", ["encode", "sample"], gpus, alias),
+            host("host-b", ["decode"], [T10[0]] if production else [CPU], decoder_alias or alias),
+        ],
+        transfer=Transfer(
+            method="tcp",
+            port=free_port(),
+            secret=SecretSource(source="file", path=str(root / "secrets" / "transfer.key")),
+        ),
         runs_dir=str(root / "runs"),
     )
 

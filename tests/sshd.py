@@ -61,13 +61,22 @@ class SshServer:
         """``ssh`` with this server's config, e.g. ``subprocess.run(server.ssh_argv("true"))``."""
         return ["ssh", "-F", str(self.config), alias or self.alias, *command]
 
-    def add_alias(self, alias: str, *, host: str | None = None, port: int | None = None,
-                  known_hosts: Path | None = None) -> str:
+    def add_alias(
+        self, alias: str, *, host: str | None = None, port: int | None = None, known_hosts: Path | None = None
+    ) -> str:
         """Append another Host alias (e.g. one pointing at a closed port, or at an empty
         known_hosts) to the client config; returns the alias."""
         with open(self.config, "a") as handle:
-            handle.write(_host_block(alias, host or self.host, port or self.port, self.user, self.identity,
-                                     known_hosts or self.known_hosts))
+            handle.write(
+                _host_block(
+                    alias,
+                    host or self.host,
+                    port or self.port,
+                    self.user,
+                    self.identity,
+                    known_hosts or self.known_hosts,
+                )
+            )
         return alias
 
     def alive(self) -> bool:
@@ -83,8 +92,9 @@ class SshServer:
                 self.process.wait()
 
 
-def start_sshd(workdir: Path, *, alias: str = "h3test", host: str = "127.0.0.1",
-               wrap: tuple[str, ...] = (), timeout: float = 15.0) -> SshServer:
+def start_sshd(
+    workdir: Path, *, alias: str = "h3test", host: str = "127.0.0.1", wrap: tuple[str, ...] = (), timeout: float = 15.0
+) -> SshServer:
     """Generate keys and configs under ``workdir`` and start ``sshd -D`` on a free port.
 
     ``wrap`` prefixes the sshd command (e.g. ``("ip", "netns", "exec", "ns1")`` to run it
@@ -98,8 +108,11 @@ def start_sshd(workdir: Path, *, alias: str = "h3test", host: str = "127.0.0.1",
     host_key, identity = root / "ssh_host_ed25519_key", root / "id_ed25519"
     for key in (host_key, identity):
         if not key.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "h3flow-test", "-f", str(key)],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "h3flow-test", "-f", str(key)],
+                check=True,
+                capture_output=True,
+            )
     authorized = root / "authorized_keys"
     authorized.write_text(identity.with_suffix(".pub").read_text())
     authorized.chmod(0o600)
@@ -113,9 +126,13 @@ def start_sshd(workdir: Path, *, alias: str = "h3test", host: str = "127.0.0.1",
         sshd_config = root / "sshd_config"
         sshd_config.write_text(_sshd_config(root, host, port, host_key, authorized))
         log = root / "sshd.log"
-        process = subprocess.Popen([*wrap, SSHD, "-D", "-e", "-f", str(sshd_config)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=open(log, "wb"))  # noqa: SIM115 - sshd owns it
+        with open(log, "wb") as log_file:  # sshd keeps its own copy of the descriptor
+            process = subprocess.Popen(
+                [*wrap, SSHD, "-D", "-e", "-f", str(sshd_config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+            )
         if _wait_for_banner(process, host, port, wrap, timeout):
             known_hosts = root / "known_hosts"
             bracketed = host if port == 22 else f"[{host}]:{port}"
@@ -164,8 +181,9 @@ Host {alias}
 """
 
 
-def _wait_for_banner(process: subprocess.Popen[bytes], host: str, port: int, wrap: tuple[str, ...],
-                     timeout: float) -> bool:
+def _wait_for_banner(
+    process: subprocess.Popen[bytes], host: str, port: int, wrap: tuple[str, ...], timeout: float
+) -> bool:
     """Poll until sshd greets with its SSH banner (or exits)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

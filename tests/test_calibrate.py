@@ -25,7 +25,9 @@ IMAGE = ROOT / "examples" / "images" / "landscape.png"
 
 def run(pool_starts: dict[str, list[float]], sample_s: float, decode_gap: float, timeline: bool = True):
     """A delivered run: each pool starts a clip at the given times and holds it ``sample_s``."""
-    clips = [Clip(id=f"c{i}", prompt="p", image=IMAGE, spec="sd", seed=i) for i in range(sum(map(len, pool_starts.values())))]
+    clips = [
+        Clip(id=f"c{i}", prompt="p", image=IMAGE, spec="sd", seed=i) for i in range(sum(map(len, pool_starts.values())))
+    ]
     manifest = new_manifest("r1", "b", clips, "local.json")
     recs = iter(manifest.clips.values())
     t_decode = 1000.0
@@ -37,8 +39,12 @@ def run(pool_starts: dict[str, list[float]], sample_s: float, decode_gap: float,
             rec.stages["sample"] = StageRecord(started=start + 14.0, seconds=sample_s - 14.0)
             rec.stages["decode"] = StageRecord(started=t_decode, seconds=decode_gap - 0.5)
             if timeline:
-                rec.timeline = {"sample_submitted": 0.0, "sampled": start + sample_s,
-                                "decode_submitted": t_decode - decode_gap / 2, "delivered": t_decode + decode_gap}
+                rec.timeline = {
+                    "sample_submitted": 0.0,
+                    "sampled": start + sample_s,
+                    "decode_submitted": t_decode - decode_gap / 2,
+                    "delivered": t_decode + decode_gap,
+                }
             t_decode += decode_gap
     return manifest
 
@@ -72,7 +78,9 @@ def test_the_written_profile_round_trips_through_toml() -> None:
     text = to_toml(raw, "calibrated\nfrom r1")
     again = tomllib.loads(text)
     assert again == raw
-    assert parse_profile(again).sample("T10", 8, "sd", "t").seconds == load_profile().sample("T10", 8, "sd", "t").seconds
+    assert (
+        parse_profile(again).sample("T10", 8, "sd", "t").seconds == load_profile().sample("T10", 8, "sd", "t").seconds
+    )
 
 
 def test_runs_with_nothing_executed_are_refused() -> None:
@@ -83,7 +91,12 @@ def test_runs_with_nothing_executed_are_refused() -> None:
 
 def test_unknown_run_is_a_one_line_error(tmp_path: Path) -> None:
     local = tmp_path / "local.json"
-    assert CliRunner().invoke(app, ["config-adapt", str(ROOT / "examples" / "host-map.example.json"), "-o", str(local)]).exit_code == 0
+    assert (
+        CliRunner()
+        .invoke(app, ["config-adapt", str(ROOT / "examples" / "host-map.example.json"), "-o", str(local)])
+        .exit_code
+        == 0
+    )
     res = CliRunner().invoke(app, ["calibrate", "nope", "--config", str(local), "-o", str(tmp_path / "p.toml")])
     assert res.exit_code == 2 and "unknown run id 'nope'" in res.output
     assert not (tmp_path / "p.toml").exists()

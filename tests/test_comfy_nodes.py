@@ -76,7 +76,12 @@ INPUTS = (torch.tensor([[1, 2, 3, 4]]), torch.ones(1, 2, 12))
 def test_encoder_units_in_execution_order() -> None:
     names = [name for name, _ in multigpu.encoder_units(StandInClip())]
     t = "qwen3vl_32b.transformer"
-    assert names == [f"{t}.visual", f"{t}.model.embed_tokens", *[f"{t}.model.layers.{i}" for i in range(6)], f"{t}.model.norm"]
+    assert names == [
+        f"{t}.visual",
+        f"{t}.model.embed_tokens",
+        *[f"{t}.model.layers.{i}" for i in range(6)],
+        f"{t}.model.norm",
+    ]
 
 
 def test_unrecognised_tree_is_a_clear_error() -> None:
@@ -94,7 +99,9 @@ def test_placement_follows_free_memory_and_keeps_results() -> None:
     placement = multigpu.place_units(clip, ["cpu", "cpu"], free)
     assert list(placement.partition.assignment) == sorted(placement.partition.assignment)
     assert placement.partition.load[1] < placement.partition.load[0]
-    assert placement.partition.load[0] / free[0] == pytest.approx(placement.partition.max_fill) or placement.partition.load[1] / free[1] == pytest.approx(placement.partition.max_fill)
+    assert placement.partition.load[0] / free[0] == pytest.approx(
+        placement.partition.max_fill
+    ) or placement.partition.load[1] / free[1] == pytest.approx(placement.partition.max_fill)
     assert len(placement.handles) == len(units) == len(placement.devices)
     torch.testing.assert_close(clip(*INPUTS), expected, rtol=0, atol=0)
     placement.remove_hooks()
@@ -115,7 +122,9 @@ def _encoder(retain: bool | None) -> tuple[multigpu.MultiGPUEncoder, list[int]]:
         loads.append(1)
         return StandInClip()
 
-    encoder = multigpu.MultiGPUEncoder(load, ["cpu", "cpu"], free_bytes=lambda devs: [1 << 30] * len(devs), retain=retain)
+    encoder = multigpu.MultiGPUEncoder(
+        load, ["cpu", "cpu"], free_bytes=lambda devs: [1 << 30] * len(devs), retain=retain
+    )
     return encoder, loads
 
 
@@ -160,7 +169,9 @@ def test_placement_and_offload_across_a_gpu_and_the_cpu() -> None:
     """Where a GPU exists: activations really cross devices, and offload empties the GPU."""
     reference = StandInClip()
     expected = reference(*INPUTS)
-    encoder = multigpu.MultiGPUEncoder(StandInClip, ["cuda:0", "cpu"], free_bytes=lambda devs: [1 << 20, 1 << 20], retain=True)
+    encoder = multigpu.MultiGPUEncoder(
+        StandInClip, ["cuda:0", "cpu"], free_bytes=lambda devs: [1 << 20, 1 << 20], retain=True
+    )
     placed = encoder.ensure_placed()
     on_gpu = encoder.placement.partition.load[0]
     assert on_gpu > 0 and {d.type for d in encoder.placement.devices.values()} == {"cuda", "cpu"}
@@ -287,7 +298,9 @@ def test_latent_streams_accepts_plain_and_nested() -> None:
 def test_handoff_nodes_round_trip_and_verify(tmp_path: Path) -> None:
     video, audio = av_pair(3)
     save = NODE_CLASS_MAPPINGS["H3LatentHandoffSave"]()
-    out = save.save({"samples": ForeignNested(video, audio)}, str(tmp_path / "a.h3latent"), '{"clip_id": "c1", "seed": 3}')
+    out = save.save(
+        {"samples": ForeignNested(video, audio)}, str(tmp_path / "a.h3latent"), '{"clip_id": "c1", "seed": 3}'
+    )
     ref = out["ui"]["h3flow_files"][0]
     assert ref["kind"] == "latent" and ref["sha256"] == sha256_file(tmp_path / "a.h3latent") and ref["size"] > 0
     assert out["result"] == ()
@@ -333,13 +346,29 @@ def test_audio_is_resampled_to_48k_stereo() -> None:
 
 # --------------------------------------------------------------------------- client messages
 def test_error_messages_name_the_node() -> None:
-    errors = {"3": {"class_type": "H3ReferenceEncode", "errors": [{"message": "Value not in list", "details": "spec: 'xx' not in ['sd', 'hd', 'tiny']"}]}}
-    assert summarize_node_errors(errors) == "node 3 (H3ReferenceEncode): Value not in list: spec: 'xx' not in ['sd', 'hd', 'tiny']"
+    errors = {
+        "3": {
+            "class_type": "H3ReferenceEncode",
+            "errors": [{"message": "Value not in list", "details": "spec: 'xx' not in ['sd', 'hd', 'tiny']"}],
+        }
+    }
+    assert (
+        summarize_node_errors(errors)
+        == "node 3 (H3ReferenceEncode): Value not in list: spec: 'xx' not in ['sd', 'hd', 'tiny']"
+    )
     msg = execution_error_message(
-        {"node_id": "1", "node_type": "H3LatentHandoffLoad", "exception_type": "h3flow.core.errors.IntegrityError", "exception_message": "latent x has SHA-256 a, expected b\n"},
+        {
+            "node_id": "1",
+            "node_type": "H3LatentHandoffLoad",
+            "exception_type": "h3flow.core.errors.IntegrityError",
+            "exception_message": "latent x has SHA-256 a, expected b\n",
+        },
         "http://127.0.0.1:1",
     )
-    assert msg == "ComfyUI at http://127.0.0.1:1: node 1 (H3LatentHandoffLoad) failed: IntegrityError: latent x has SHA-256 a, expected b"
+    assert (
+        msg
+        == "ComfyUI at http://127.0.0.1:1: node 1 (H3LatentHandoffLoad) failed: IntegrityError: latent x has SHA-256 a, expected b"
+    )
 
 
 # --------------------------------------------------------------------------- h3flow nodes install
@@ -363,14 +392,22 @@ def test_nodes_install_is_idempotent(tmp_path: Path) -> None:
     assert not (pack / "stray.py").exists()
     assert sorted(p.name for p in (comfy / "custom_nodes").iterdir()) == ["h3flow_nodes"]  # no leftovers
     linked = runner.invoke(app, ["nodes", "install", "--comfy-dir", str(comfy), "--link"])
-    assert "updated" in linked.output and pack.is_symlink() and pack.resolve() == (REPO / "comfy_nodes" / "h3flow_nodes").resolve()
+    assert (
+        "updated" in linked.output
+        and pack.is_symlink()
+        and pack.resolve() == (REPO / "comfy_nodes" / "h3flow_nodes").resolve()
+    )
     assert "unchanged" in runner.invoke(app, ["nodes", "install", "--comfy-dir", str(comfy), "--link"]).output
 
 
 def test_nodes_install_errors_are_one_line(tmp_path: Path) -> None:
     runner = CliRunner()
     not_comfy = runner.invoke(app, ["nodes", "install", "--comfy-dir", str(tmp_path)])
-    assert not_comfy.exit_code == 2 and "is not a ComfyUI folder" in not_comfy.output and "Traceback" not in not_comfy.output
+    assert (
+        not_comfy.exit_code == 2
+        and "is not a ComfyUI folder" in not_comfy.output
+        and "Traceback" not in not_comfy.output
+    )
     host = runner.invoke(app, ["nodes", "install", "--host", "a0", "--config", str(tmp_path / "local.json")])
     assert host.exit_code == 2 and "local.json: no such file" in host.output  # --host: tests/test_remote_ops.py
     missing = runner.invoke(app, ["nodes", "install", "--comfy-dir", str(tmp_path / "nope")])

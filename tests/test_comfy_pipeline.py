@@ -40,7 +40,9 @@ runner = CliRunner()
 # --------------------------------------------------------------------------- no server needed
 def test_config_adapt_local_engine_comfy_gives_one_comfyui_per_pool_before_the_workers(tmp_path: Path) -> None:
     out = tmp_path / "local.json"
-    res = runner.invoke(app, ["config-adapt", "--local", "--engine", "comfy", "--workdir", str(tmp_path / "wd"), "-o", str(out)])
+    res = runner.invoke(
+        app, ["config-adapt", "--local", "--engine", "comfy", "--workdir", str(tmp_path / "wd"), "-o", str(out)]
+    )
     assert res.exit_code == 0, res.output
     config = load_local_config(out)
     assert config.engine == "comfy" and config.model.kind == "reference"
@@ -68,7 +70,10 @@ def test_config_adapt_local_engine_comfy_gives_one_comfyui_per_pool_before_the_w
 
 def test_engine_local_starts_no_comfyui_and_bad_engine_choices_fail_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "local.json"
-    assert runner.invoke(app, ["config-adapt", "--local", "--workdir", str(tmp_path / "wd"), "-o", str(out)]).exit_code == 0
+    assert (
+        runner.invoke(app, ["config-adapt", "--local", "--workdir", str(tmp_path / "wd"), "-o", str(out)]).exit_code
+        == 0
+    )
     config = load_local_config(out)
     assert config.engine == "local" and not [s for s in local_specs(config, out) if s.kind == "comfyui"]
     bad = runner.invoke(app, ["config-adapt", "--local", "--engine", "gpu", "-o", str(tmp_path / "x.json")])

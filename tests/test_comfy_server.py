@@ -49,7 +49,7 @@ pytestmark = pytest.mark.comfy
 #   upstream's comfy.nested_tensor.NestedTensor is), which the load node rebuilds as
 #   ComfyUI's own NestedTensor;
 # - a report of what a LATENT holds; a gate that waits for a file (the restart test).
-TEST_NODES = '''
+TEST_NODES = """
 import os
 import time
 
@@ -136,7 +136,7 @@ NODE_CLASS_MAPPINGS = {
     "H3TestLatentReport": H3TestLatentReport,
     "H3TestGate": H3TestGate,
 }
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_clip(work: Path, **kw: Any) -> Clip:
-    base = dict(id="c01", prompt="slow pan left over a calm lake", image=work / "lake.png", spec="tiny", seconds=1, seed=11, steps=4)
+    base = dict(
+        id="c01",
+        prompt="slow pan left over a calm lake",
+        image=work / "lake.png",
+        spec="tiny",
+        seconds=1,
+        seed=11,
+        steps=4,
+    )
     return Clip(**{**base, **kw})
 
 
@@ -187,7 +195,11 @@ def test_reference_pipeline_end_to_end(pipeline: dict[str, Any]) -> None:
         assert vs.codec_context.name == "h264" and vs.codec_context.pix_fmt == "yuv420p"
         assert (vs.codec_context.height, vs.codec_context.width) == (128, 224)
         assert vs.average_rate == Fraction(24)
-        assert aus.codec_context.name == "aac" and aus.codec_context.sample_rate == 48000 and aus.codec_context.channels == 2
+        assert (
+            aus.codec_context.name == "aac"
+            and aus.codec_context.sample_rate == 48000
+            and aus.codec_context.channels == 2
+        )
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(frames) == clip.frames == 39
     # The picture is the reference image (low-passed by the patch VAE) moving left:
@@ -222,11 +234,16 @@ def test_offload_reports_free_memory(pipeline: dict[str, Any]) -> None:
 def test_nested_latent_round_trips_through_the_handoff_nodes(server: ComfyServer, work: Path) -> None:
     engine = ComfyEngine(server.url)
     path = work / "nested" / "n.h3latent"
-    saved = engine.client.run({
-        "1": {"class_type": "H3TestNestedLatent", "inputs": {"seed": 5}},
-        "2": {"class_type": "H3LatentHandoffSave", "inputs": {"samples": ["1", 0], "path": str(path), "meta": '{"clip_id": "n1"}'}},
-        "3": {"class_type": "H3TestLatentReport", "inputs": {"samples": ["1", 0]}},
-    })
+    saved = engine.client.run(
+        {
+            "1": {"class_type": "H3TestNestedLatent", "inputs": {"seed": 5}},
+            "2": {
+                "class_type": "H3LatentHandoffSave",
+                "inputs": {"samples": ["1", 0], "path": str(path), "meta": '{"clip_id": "n1"}'},
+            },
+            "3": {"class_type": "H3TestLatentReport", "inputs": {"samples": ["1", 0]}},
+        }
+    )
     ref = saved.outputs["2"]["h3flow_files"][0]
     before = saved.outputs["3"]["h3flow_test"][0]
     assert before["type"] == "ForeignNested" and ref["sha256"] == sha256_file(path)
@@ -234,10 +251,12 @@ def test_nested_latent_round_trips_through_the_handoff_nodes(server: ComfyServer
     video, audio = torch.randn(1, 24, 2, 8, 14, generator=g), torch.randn(1, 32, 2, 37, generator=g)
     on_disk = load_latent(path, ref["sha256"])
     assert torch.equal(on_disk.video, video) and torch.equal(on_disk.audio, audio) and on_disk.meta["clip_id"] == "n1"
-    loaded = engine.client.run({
-        "1": {"class_type": "H3LatentHandoffLoad", "inputs": {"path": str(path), "sha256": ref["sha256"]}},
-        "2": {"class_type": "H3TestLatentReport", "inputs": {"samples": ["1", 0]}},
-    })
+    loaded = engine.client.run(
+        {
+            "1": {"class_type": "H3LatentHandoffLoad", "inputs": {"path": str(path), "sha256": ref["sha256"]}},
+            "2": {"class_type": "H3TestLatentReport", "inputs": {"samples": ["1", 0]}},
+        }
+    )
     after = loaded.outputs["2"]["h3flow_test"][0]
     assert after["nested"] is True and after["type"] == "NestedTensor"  # rebuilt as upstream's comfy.nested_tensor
     assert after["shapes"] == before["shapes"] == [[1, 24, 2, 8, 14], [1, 32, 2, 37]]
@@ -263,21 +282,39 @@ def test_tampered_latent_fails_the_load_node_clearly(pipeline: dict[str, Any], w
 
 def test_invalid_prompts_give_one_clear_error(server: ComfyServer, pipeline: dict[str, Any], work: Path) -> None:
     engine: ComfyEngine = pipeline["engine"]
-    bad_spec = engine.prompt_for("encode", {"image": "x.png", "prompt": "p", "spec": "xx", "frames": 22, "out_path": str(work / "x")})
-    with pytest.raises(H3FlowError, match=r"rejected the prompt: .*node 1 \(H3ReferenceEncode\): Value not in list: spec: 'xx' not in"):
+    bad_spec = engine.prompt_for(
+        "encode", {"image": "x.png", "prompt": "p", "spec": "xx", "frames": 22, "out_path": str(work / "x")}
+    )
+    with pytest.raises(
+        H3FlowError, match=r"rejected the prompt: .*node 1 \(H3ReferenceEncode\): Value not in list: spec: 'xx' not in"
+    ):
         engine.client.run(bad_spec)
-    with pytest.raises(H3FlowError, match="rejected the prompt: .*NoSuchNode"):
+    with pytest.raises(H3FlowError, match=r"rejected the prompt: .*NoSuchNode"):
         engine.client.run({"1": {"class_type": "NoSuchNode", "inputs": {}}})
-    missing = render(load_template("ref-sample"), {"cond_path": str(work / "none.safetensors"), "seed": 1, "out_path": str(work / "y")})
-    with pytest.raises(H3FlowError, match=r"node 1 \(H3LoadConditioning\) failed: H3FlowError: conditioning .*none.safetensors: cannot read it"):
+    missing = render(
+        load_template("ref-sample"),
+        {"cond_path": str(work / "none.safetensors"), "seed": 1, "out_path": str(work / "y")},
+    )
+    with pytest.raises(
+        H3FlowError,
+        match=r"node 1 \(H3LoadConditioning\) failed: H3FlowError: conditioning .*none.safetensors: cannot read it",
+    ):
         engine.client.run(missing)
 
 
 def test_templates_against_the_live_object_info(server: ComfyServer) -> None:
     live = ComfyEngine(server.url).client.object_info()
     fixture = upstream_object_info()
-    for name in ("H3LatentHandoffSave", "H3LatentHandoffLoad", "H3SaveConditioning", "H3LoadConditioning",
-                 "H3SaveVideoAAC", "H3ReferenceEncode", "H3ReferenceSample", "H3ReferenceDecode"):
+    for name in (
+        "H3LatentHandoffSave",
+        "H3LatentHandoffLoad",
+        "H3SaveConditioning",
+        "H3LoadConditioning",
+        "H3SaveVideoAAC",
+        "H3ReferenceEncode",
+        "H3ReferenceSample",
+        "H3ReferenceDecode",
+    ):
         assert live[name]["input"] == fixture[name]["input"], name  # the shipped schema fixture matches the pack
         assert live[name]["output"] == fixture[name]["output"], name
     clip_loader = live["H3MultiGPUCLIPLoader"]["input"]["required"]
@@ -288,7 +325,10 @@ def test_templates_against_the_live_object_info(server: ComfyServer) -> None:
         prompt = render(template, {k: v for k, v in params.items() if k in template_parameters(template)})
         assert validate_prompt(prompt, live) == [], name
     # ComfyUI 0.3.75 predates MiniMax H3 and has no Raylight: preflight would say so.
-    sample = render(load_template("h3-sample"), {"cond_path": "c", "seed": 1, "out_path": "o", "width": 736, "height": 416, "length": 124})
+    sample = render(
+        load_template("h3-sample"),
+        {"cond_path": "c", "seed": 1, "out_path": "o", "width": 736, "height": 416, "length": 124},
+    )
     problems = validate_prompt(sample, live)
     assert "node 3 (EmptyMiniMaxH3LatentAV): node type not installed on this ComfyUI" in problems
     assert "node 4 (RayInitializer): node type not installed on this ComfyUI" in problems
@@ -318,7 +358,7 @@ def test_restart_mid_run_is_survived_by_retry(server: ComfyServer, pipeline: dic
             server.restart()  # kills ComfyUI while the prompt is inside the gate
             restarted.set()
             gate.touch()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+        except BaseException as exc:
             failure.append(exc)
 
     thread = threading.Thread(target=restart, daemon=True)

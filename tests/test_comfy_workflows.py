@@ -26,9 +26,16 @@ from h3flow.engines.workflows import (
 )
 
 REQUIRED_VALUES = {
-    "image": "h3flow/0123.png", "prompt": "slow pan left over a calm lake", "out_path": "/data/out/x",
-    "width": 736, "height": 416, "length": 124, "seed": 7, "cond_path": "/data/c.safetensors",
-    "latent_path": "/data/l.h3latent", "frames": 124,
+    "image": "h3flow/0123.png",
+    "prompt": "slow pan left over a calm lake",
+    "out_path": "/data/out/x",
+    "width": 736,
+    "height": 416,
+    "length": 124,
+    "seed": 7,
+    "cond_path": "/data/c.safetensors",
+    "latent_path": "/data/l.h3latent",
+    "frames": 124,
 }
 
 
@@ -48,10 +55,16 @@ def schema() -> dict:
 def test_every_template_is_named_and_exists() -> None:
     names = {n for stages in TEMPLATES.values() for n in stages.values()}
     on_disk = {p.stem for p in WORKFLOWS_DIR.glob("*.json")}
-    assert names == on_disk == {"h3-encode", "h3-sample", "h3-sample-xtx", "h3-decode", "ref-encode", "ref-sample", "ref-decode"}
+    assert (
+        names
+        == on_disk
+        == {"h3-encode", "h3-sample", "h3-sample-xtx", "h3-decode", "ref-encode", "ref-sample", "ref-decode"}
+    )
 
 
-@pytest.mark.parametrize("name", ["h3-encode", "h3-sample", "h3-sample-xtx", "h3-decode", "ref-encode", "ref-sample", "ref-decode"])
+@pytest.mark.parametrize(
+    "name", ["h3-encode", "h3-sample", "h3-sample-xtx", "h3-decode", "ref-encode", "ref-sample", "ref-decode"]
+)
 def test_templates_validate_against_upstream_schemas(name: str, schema: dict) -> None:
     assert validate_prompt(filled(name), schema) == []
 
@@ -59,13 +72,25 @@ def test_templates_validate_against_upstream_schemas(name: str, schema: dict) ->
 def test_production_templates_use_upstream_and_raylight_names(schema: dict) -> None:
     sample = filled("h3-sample")
     types = {n["class_type"] for n in sample.values()}
-    assert {"RayInitializer", "RayUNETLoader", "RayLoraLoader", "XFuserKSamplerAdvanced", "EmptyMiniMaxH3LatentAV"} <= types
+    assert {
+        "RayInitializer",
+        "RayUNETLoader",
+        "RayLoraLoader",
+        "XFuserKSamplerAdvanced",
+        "EmptyMiniMaxH3LatentAV",
+    } <= types
     ks = next(n for n in sample.values() if n["class_type"] == "XFuserKSamplerAdvanced")["inputs"]
     assert (ks["sampler_name"], ks["scheduler"], ks["steps"], ks["noise_seed"]) == ("euler", "simple", 6, 7)
     ray = next(n for n in sample.values() if n["class_type"] == "RayInitializer")["inputs"]
     assert (ray["ulysses_degree"], ray["FSDP"], ray["GPU"]) == (4, True, 4)
     encode = filled("h3-encode")
-    assert {n["class_type"] for n in encode.values()} == {"LoadImage", "H3MultiGPUCLIPLoader", "VAELoader", "MiniMaxH3ImageToVideo", "H3SaveConditioning"}
+    assert {n["class_type"] for n in encode.values()} == {
+        "LoadImage",
+        "H3MultiGPUCLIPLoader",
+        "VAELoader",
+        "MiniMaxH3ImageToVideo",
+        "H3SaveConditioning",
+    }
     decode = filled("h3-decode")
     vae = [n["inputs"]["vae_name"] for n in decode.values() if n["class_type"] == "VAELoader"]
     assert "minimax_h3_video_vae_int8_convrot.safetensors" in vae
@@ -75,7 +100,16 @@ def test_production_templates_use_upstream_and_raylight_names(schema: dict) -> N
 
 def test_render_keeps_types_defaults_and_embedded_text() -> None:
     template = {
-        "1": {"class_type": "X", "inputs": {"a": "{{seed}}", "b": "{{steps|6}}", "c": "out/{{clip}}.mp4", "d": "{{flag|true}}", "e": ["2", 0]}},
+        "1": {
+            "class_type": "X",
+            "inputs": {
+                "a": "{{seed}}",
+                "b": "{{steps|6}}",
+                "c": "out/{{clip}}.mp4",
+                "d": "{{flag|true}}",
+                "e": ["2", 0],
+            },
+        },
     }
     out = render(template, {"seed": 11, "clip": "c01"})
     assert out["1"]["inputs"] == {"a": 11, "b": 6, "c": "out/c01.mp4", "d": True, "e": ["2", 0]}
@@ -123,7 +157,10 @@ def test_validator_finds_missing_and_unknown_inputs(schema: dict) -> None:
 def test_validator_finds_combo_values_outside_the_options(schema: dict) -> None:
     prompt = filled("h3-sample", sampler_name="eulr", unet_name="minimax_h3_fp16.safetensors")
     problems = validate_prompt(prompt, schema)
-    assert any(p.startswith("node 7 (XFuserKSamplerAdvanced): input 'sampler_name' value 'eulr' not among the options") for p in problems)
+    assert any(
+        p.startswith("node 7 (XFuserKSamplerAdvanced): input 'sampler_name' value 'eulr' not among the options")
+        for p in problems
+    )
     assert any("input 'unet_name' value 'minimax_h3_fp16.safetensors' not among the options" in p for p in problems)
     # XTX: an attention backend that Raylight's RayInitializer does not offer is caught too
     bad = filled("h3-sample", attention="FLASH_MAGIC")
@@ -137,14 +174,20 @@ def test_validator_checks_links_ranges_and_types(schema: dict) -> None:
     assert "node 4 (VAEDecode): input 'samples' links to missing node 9" in validate_prompt(broken, schema)
     broken = copy.deepcopy(prompt)
     broken["4"]["inputs"]["samples"] = ["2", 0]  # a VAE where a LATENT belongs
-    assert "node 4 (VAEDecode): input 'samples' wants LATENT but node 2 output 0 is VAE" in validate_prompt(broken, schema)
+    assert "node 4 (VAEDecode): input 'samples' wants LATENT but node 2 output 0 is VAE" in validate_prompt(
+        broken, schema
+    )
     broken = copy.deepcopy(prompt)
     broken["4"]["inputs"]["samples"] = ["1", 3]
-    assert "node 4 (VAEDecode): input 'samples' links to output 3 of node 1, which has 1" in validate_prompt(broken, schema)
+    assert "node 4 (VAEDecode): input 'samples' links to output 3 of node 1, which has 1" in validate_prompt(
+        broken, schema
+    )
     steps = filled("h3-sample-xtx", steps=0)
     assert "node 6 (KSamplerAdvanced): input 'steps' value 0 below min 1" in validate_prompt(steps, schema)
     flag = filled("h3-encode", offload_after_encode="yes")
-    assert "node 2 (H3MultiGPUCLIPLoader): input 'offload_after_encode' wants BOOLEAN, got 'yes'" in validate_prompt(flag, schema)
+    assert "node 2 (H3MultiGPUCLIPLoader): input 'offload_after_encode' wants BOOLEAN, got 'yes'" in validate_prompt(
+        flag, schema
+    )
 
 
 def test_schema_fixture_matches_the_node_pack(schema: dict) -> None:
@@ -155,7 +198,9 @@ def test_schema_fixture_matches_the_node_pack(schema: dict) -> None:
     from h3flow_nodes import NODE_CLASS_MAPPINGS
 
     def as_json(specs: dict) -> dict:
-        return json.loads(json.dumps({k: [list(v[0]) if isinstance(v[0], tuple) else v[0], *v[1:]] for k, v in specs.items()}))
+        return json.loads(
+            json.dumps({k: [list(v[0]) if isinstance(v[0], tuple) else v[0], *v[1:]] for k, v in specs.items()})
+        )
 
     for name, cls in NODE_CLASS_MAPPINGS.items():
         types = cls.INPUT_TYPES()

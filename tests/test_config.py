@@ -54,7 +54,11 @@ def test_example_resolves_the_designs_cluster() -> None:
     assert cfg.hosts["host-a"].storage.latents == "/srv/h3flow/store/latents"
     (route,) = cfg.routes
     assert (route.source, route.target, route.method, route.address, route.port) == (
-        "host-a", "host-b", "tcp", "10.10.0.2", 9410,
+        "host-a",
+        "host-b",
+        "tcp",
+        "10.10.0.2",
+        9410,
     )
     assert [(r.host, r.bind) for r in cfg.receivers] == [("host-b", "10.10.0.2")]
 
@@ -108,7 +112,10 @@ def test_local_embedded_default(tmp_path: Path) -> None:
     cfg = load_local_config(out)
     assert cfg.engine == "local" and cfg.model.kind == "reference"
     assert {h.address for h in cfg.hosts.values()} == {"127.0.0.1"}
-    ports = [p.comfy_port for p in cfg.pools] + [cfg.transfer.port, int(cfg.prefect.api_url.split(":")[2].split("/")[0])]
+    ports = [p.comfy_port for p in cfg.pools] + [
+        cfg.transfer.port,
+        int(cfg.prefect.api_url.split(":")[2].split("/")[0]),
+    ]
     assert len(set(ports)) == len(ports), "local ports clash"
     assert all(h.storage.root.startswith(str((tmp_path / "wd").resolve())) for h in cfg.hosts.values())
     assert [p.work_pool for p in cfg.pools] == ["h3-a0", "h3-a1", "h3-b"]
@@ -136,11 +143,20 @@ def mutate(fn) -> dict:
 
 BAD_INPUTS = {
     "duplicate host": (lambda d: d["hosts"].append(copy.deepcopy(d["hosts"][0])), "duplicate host name 'host-a'"),
-    "repeated gpu": (lambda d: d["hosts"][0]["gpus"].__setitem__(1, d["hosts"][0]["gpus"][0]), "GPU index 0 is listed twice"),
-    "unknown field": (lambda d: d["hosts"][1].__setitem__("colour", "red"), "hosts[1].colour: Extra inputs are not permitted"),
+    "repeated gpu": (
+        lambda d: d["hosts"][0]["gpus"].__setitem__(1, d["hosts"][0]["gpus"][0]),
+        "GPU index 0 is listed twice",
+    ),
+    "unknown field": (
+        lambda d: d["hosts"][1].__setitem__("colour", "red"),
+        "hosts[1].colour: Extra inputs are not permitted",
+    ),
     "no decoder": (lambda d: d["hosts"].pop(2) and d.__setitem__("links", []), "no host has the 'decode' role"),
     "no sampler": (lambda d: [h.__setitem__("roles", ["decode"]) for h in d["hosts"]], "no host has the 'sample' role"),
-    "too few gpus": (lambda d: d["hosts"][0].__setitem__("gpus", d["hosts"][0]["gpus"][:6]), "needs 8 GPUs on 'host-a', which has 6"),
+    "too few gpus": (
+        lambda d: d["hosts"][0].__setitem__("gpus", d["hosts"][0]["gpus"][:6]),
+        "needs 8 GPUs on 'host-a', which has 6",
+    ),
     "too little vram": (lambda d: d["model"].__setitem__("dit_vram_gb", 80), "needs 80 GB"),
     "bad arch": (lambda d: d["hosts"][0]["gpus"][0].__setitem__("arch", "turing"), "unknown GPU architecture 'turing'"),
     "unknown link host": (lambda d: d["links"][0].__setitem__("hosts", ["host-a", "host-z"]), "unknown host 'host-z'"),
@@ -193,10 +209,10 @@ def _paths(obj, prefix=()):
     yield prefix
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
+            yield from _paths(v, (*prefix, k))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
+            yield from _paths(v, (*prefix, i))
 
 
 ALL_PATHS = [p for p in _paths(example()) if p]

@@ -17,14 +17,27 @@ pytestmark = pytest.mark.prefect
 
 
 def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -> None:
-    batch = write_batch(tmp_path / "mini.json", [{"id": "m0", "seed": 1}, {"id": "m1", "seed": 2, "prompt": "fast zoom in"}])
+    batch = write_batch(
+        tmp_path / "mini.json", [{"id": "m0", "seed": 1}, {"id": "m1", "seed": 2, "prompt": "fast zoom in"}]
+    )
     workdir = tmp_path / "wd"
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("PREFECT_API_URL", None)
     res = subprocess.run(
-        [str(Path(sys.prefix) / "bin" / "h3flow"), "demo", "--workdir", str(workdir), "--batch", str(batch),
-         "--base-port", str(random.randint(30000, 50000))],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            str(Path(sys.prefix) / "bin" / "h3flow"),
+            "demo",
+            "--workdir",
+            str(workdir),
+            "--batch",
+            str(batch),
+            "--base-port",
+            str(random.randint(30000, 50000)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "2 clips delivered" in res.stdout and "Prefect UI: http://127.0.0.1:" in res.stdout

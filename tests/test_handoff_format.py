@@ -96,8 +96,9 @@ def test_identical_latents_give_identical_bytes(tmp_path: Path) -> None:
         (torch.zeros(1, 24, 2, 3, 4, dtype=torch.int64), None, "floating-point"),
     ],
 )
-def test_save_rejects_wrong_layouts(tmp_path: Path, video: torch.Tensor, audio: torch.Tensor | None,
-                                    problem: str) -> None:
+def test_save_rejects_wrong_layouts(
+    tmp_path: Path, video: torch.Tensor, audio: torch.Tensor | None, problem: str
+) -> None:
     with pytest.raises(H3FlowError, match=problem):
         save_latent(tmp_path / "bad.h3latent", H3Latent(video, audio, {}))
     assert not list(tmp_path.iterdir())
@@ -119,8 +120,11 @@ def test_comfyui_latent_loads_as_video_only(tmp_path: Path) -> None:
     """What ComfyUI's SaveLatent writes: latent_tensor + the version marker + prompt metadata."""
     samples = torch.randn(1, 24, 2, 3, 4)
     path = tmp_path / "ComfyUI_00001_.latent"
-    save_file({"latent_tensor": samples.contiguous(), "latent_format_version_0": torch.tensor([])}, str(path),
-              metadata={"prompt": json.dumps({"3": {"class_type": "KSampler"}})})
+    save_file(
+        {"latent_tensor": samples.contiguous(), "latent_format_version_0": torch.tensor([])},
+        str(path),
+        metadata={"prompt": json.dumps({"3": {"class_type": "KSampler"}})},
+    )
     latent = load_latent(path)
     assert latent.audio is None and latent.masks == {}
     assert torch.equal(latent.video, samples)
@@ -140,8 +144,10 @@ LIES = {
     "size": (lambda h: h["video"].__setitem__("shape", [1, 24, 2, 3, 5]), "needs"),
     "dtype": (lambda h: h["video"].__setitem__("dtype", "F16"), "needs"),
     "unknown dtype": (lambda h: h["video"].__setitem__("dtype", "Q4"), "unknown dtype"),
-    "offset past end": (lambda h: h["audio"].__setitem__("data_offsets", [h["audio"]["data_offsets"][0],
-                                                                          10**9]), "fall outside"),
+    "offset past end": (
+        lambda h: h["audio"].__setitem__("data_offsets", [h["audio"]["data_offsets"][0], 10**9]),
+        "fall outside",
+    ),
     "overlap": (lambda h: h.__setitem__("audio", dict(h["video"])), "overlap"),
     "negative": (lambda h: h["video"].__setitem__("data_offsets", [-4, 0]), "invalid data_offsets"),
     "bool shape": (lambda h: h["video"].__setitem__("shape", [True, 24, 2, 3, 4]), "invalid shape"),
@@ -151,8 +157,10 @@ LIES = {
     "no video": (lambda h: h.__setitem__("mask.v", h.pop("video")), "no 'video'"),
     "hole": (lambda h: h.pop("audio"), "starts at|covers"),
     "no marker": (lambda h: h.pop("latent_format_version_0"), "marker"),
-    "unknown tensor": (lambda h: h.__setitem__("extra", {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}),
-                       "unknown tensors"),
+    "unknown tensor": (
+        lambda h: h.__setitem__("extra", {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}),
+        "unknown tensors",
+    ),
     "future version": (lambda h: h["__metadata__"].__setitem__("format_version", "7"), "unsupported format"),
 }
 
@@ -238,8 +246,10 @@ def check_mutant(path: Path, data: bytes) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 255)), min_size=1, max_size=4),
-       cut=st.one_of(st.none(), st.integers(0, 2000)))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.one_of(st.none(), st.integers(0, 2000)),
+)
 def test_fuzzed_bytes_never_crash(tmp_path: Path, edits: list[tuple[int, int]], cut: int | None) -> None:
     data = bytearray(base_bytes(tmp_path))
     for position, value in edits:  # mostly inside the header, where lies live
@@ -258,8 +268,11 @@ json_values = st.recursive(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tensor=st.sampled_from(["video", "audio", "mask.m", "latent_format_version_0", "__metadata__", "new"]),
-       field=st.sampled_from(["dtype", "shape", "data_offsets", "x", None]), value=json_values)
+@given(
+    tensor=st.sampled_from(["video", "audio", "mask.m", "latent_format_version_0", "__metadata__", "new"]),
+    field=st.sampled_from(["dtype", "shape", "data_offsets", "x", None]),
+    value=json_values,
+)
 def test_fuzzed_header_fields_never_crash(tmp_path: Path, tensor: str, field: str | None, value: object) -> None:
     data = base_bytes(tmp_path)
     (length,) = struct.unpack("<Q", data[:8])

@@ -31,8 +31,12 @@ runner = CliRunner()
 def latent(tmp_path_factory: pytest.TempPathFactory) -> FileRef:
     path = tmp_path_factory.mktemp("sftp-latent") / "clip.h3latent"
     gen = torch.Generator().manual_seed(11)
-    sha = save_latent(path, H3Latent(torch.randn(1, 24, 7, 26, 46, generator=gen),
-                                     torch.randn(1, 32, 2, 207, generator=gen), {"clip_id": "c07"}))
+    sha = save_latent(
+        path,
+        H3Latent(
+            torch.randn(1, 24, 7, 26, 46, generator=gen), torch.randn(1, 32, 2, 207, generator=gen), {"clip_id": "c07"}
+        ),
+    )
     return FileRef(path, sha, path.stat().st_size)
 
 
@@ -45,8 +49,7 @@ def no_temp_left(store: Path) -> bool:
     return not tmp.exists() or list(tmp.iterdir()) == []
 
 
-def test_upload_is_verified_remotely_and_skipped_when_present(sshd: SshServer, latent: FileRef,
-                                                              tmp_path: Path) -> None:
+def test_upload_is_verified_remotely_and_skipped_when_present(sshd: SshServer, latent: FileRef, tmp_path: Path) -> None:
     store = tmp_path / "decoder store 'b'"  # a space and quotes: every remote path is quoted
     remote = send(latent, sftp_dest(sshd, store))
     assert remote.path == LatentStore(store).path_for(latent.sha256) and remote.size == latent.size
@@ -71,15 +74,19 @@ def test_remote_finisher_rejects_bytes_that_do_not_match(sshd: SshServer, tmp_pa
     temp.write_bytes(b"bytes that were damaged in flight")
     final = tmp_path / "latents" / "ab" / ("ab" * 32 + ".h3latent")
     args = " ".join(shlex.quote(str(a)) for a in (temp, final, "ab" * 32))
-    done = subprocess.run(sshd.ssh_argv(f"sh -c {shlex.quote(_FINISH)} h3flow-finish {args}"),
-                          input="go\n", capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        sshd.ssh_argv(f"sh -c {shlex.quote(_FINISH)} h3flow-finish {args}"),
+        input="go\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 3, done.stderr
     assert done.stdout.split() == ["mismatch", hashlib.sha256(b"bytes that were damaged in flight").hexdigest()]
     assert not temp.exists() and not final.exists()
 
 
-def test_unreachable_sshd_is_a_clear_error_naming_the_host(sshd: SshServer, latent: FileRef,
-                                                           tmp_path: Path) -> None:
+def test_unreachable_sshd_is_a_clear_error_naming_the_host(sshd: SshServer, latent: FileRef, tmp_path: Path) -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         closed = unused.getsockname()[1]
@@ -108,9 +115,23 @@ def test_unknown_or_changed_host_keys_are_refused(sshd: SshServer, latent: FileR
 
 def test_cli_transfer_over_sftp(sshd: SshServer, latent: FileRef, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    result = runner.invoke(app, ["transfer", str(latent.path), "--to", "decoder", "--method", "sftp",
-                                 "--ssh-alias", sshd.alias, "--ssh-config", str(sshd.config),
-                                 "--store-root", str(store)])
+    result = runner.invoke(
+        app,
+        [
+            "transfer",
+            str(latent.path),
+            "--to",
+            "decoder",
+            "--method",
+            "sftp",
+            "--ssh-alias",
+            sshd.alias,
+            "--ssh-config",
+            str(sshd.config),
+            "--store-root",
+            str(store),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "verified" in result.output and latent.sha256 in result.output.replace("\n", "")
     assert LatentStore(store).has(latent.sha256)

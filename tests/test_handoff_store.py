@@ -38,7 +38,7 @@ def test_put_file_copies_under_the_content_address(tmp_path: Path) -> None:
 
 
 def test_move_and_link_use_a_hard_link_on_the_same_filesystem(tmp_path: Path) -> None:
-    src, sha = blob(tmp_path, "a.h3latent")
+    src, _sha = blob(tmp_path, "a.h3latent")
     inode = src.stat().st_ino
     store = LatentStore(tmp_path / "store")
     assert store.put_file(src, link=True).path.stat().st_ino == inode and src.exists()
@@ -49,7 +49,7 @@ def test_move_and_link_use_a_hard_link_on_the_same_filesystem(tmp_path: Path) ->
 
 
 def test_an_existing_object_is_never_rewritten(tmp_path: Path) -> None:
-    src, sha = blob(tmp_path, "a.h3latent")
+    src, _sha = blob(tmp_path, "a.h3latent")
     store = LatentStore(tmp_path / "store")
     first = store.put_file(src)
     before = first.path.stat()

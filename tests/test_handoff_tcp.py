@@ -44,8 +44,11 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
 
 def make_latent(folder: Path, name: str, t: int, h: int, w: int, seed: int) -> FileRef:
     gen = torch.Generator().manual_seed(seed)
-    latent = H3Latent(torch.randn(1, 24, t, h, w, generator=gen), torch.randn(1, 32, 2, 207, generator=gen),
-                      {"clip_id": name, "seed": str(seed), "created": "2026-01-01T00:00:00+00:00"})
+    latent = H3Latent(
+        torch.randn(1, 24, t, h, w, generator=gen),
+        torch.randn(1, 32, 2, 207, generator=gen),
+        {"clip_id": name, "seed": str(seed), "created": "2026-01-01T00:00:00+00:00"},
+    )
     path = folder / f"{name}.h3latent"
     sha = save_latent(path, latent)
     return FileRef(path, sha, path.stat().st_size)
@@ -213,6 +216,7 @@ def test_send_stores_the_verified_object_and_skips_what_it_has(
 def test_probe_answers_only_for_a_receiver(receiver: Receiver) -> None:
     assert probe(*receiver.address, timeout=2)
     with socket.create_server(("127.0.0.1", 0)) as other:  # something else listening
+
         def greet_wrongly() -> None:
             conn, _ = other.accept()
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
@@ -227,7 +231,7 @@ def test_probe_answers_only_for_a_receiver(receiver: Receiver) -> None:
 
 
 def test_wrong_secret_is_refused_and_nothing_written(receiver: Receiver, latents: dict[str, FileRef]) -> None:
-    with pytest.raises(H3FlowError, match="decoder.*refused authentication") as caught:
+    with pytest.raises(H3FlowError, match=r"decoder.*refused authentication") as caught:
         send(latents["small"], dest_for(receiver.address, receiver.store.root, secret=b"guess"))
     assert not isinstance(caught.value, TransientError)  # retrying will not fix a wrong secret
     assert store_is_empty(receiver.store)
@@ -275,8 +279,7 @@ def test_size_limit(tmp_path: Path, latents: dict[str, FileRef]) -> None:
         assert send(latents["small"], dest_for(small.address, small.store.root)).sha256 == latents["small"].sha256
 
 
-def test_a_local_file_that_changed_is_not_sent(receiver: Receiver, latents: dict[str, FileRef],
-                                               tmp_path: Path) -> None:
+def test_a_local_file_that_changed_is_not_sent(receiver: Receiver, latents: dict[str, FileRef], tmp_path: Path) -> None:
     ref = latents["small"]
     liar = FileRef(ref.path, latents["other"].sha256, ref.size)  # same size, other content
     with pytest.raises(IntegrityError, match="local latent"):
@@ -332,12 +335,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef],
-                           relay_factory: Callable[..., Relay]) -> None:
+def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef], relay_factory: Callable[..., Relay]) -> None:
     with Receiver(small_disk / "store", secret=SECRET, min_free=0) as rec:
         store = rec.store
         # 1. too big for the free space: refused before a byte is streamed
-        with pytest.raises(H3FlowError, match="decoder.*out of space") as caught:
+        with pytest.raises(H3FlowError, match=r"decoder.*out of space") as caught:
             send(latents["sd"], dest_for(rec.address, store.root))
         assert not isinstance(caught.value, TransientError)
         assert store_is_empty(store)
@@ -349,7 +351,7 @@ def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef],
         def upload() -> None:
             try:
                 outcome["result"] = send(ref, dest_for(relay.address, store.root), timeout=20)
-            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            except BaseException as exc:
                 outcome["result"] = exc
 
         sender = threading.Thread(target=upload)
@@ -371,9 +373,25 @@ def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef],
 def start_receiver_process(store: Path, bind: str) -> tuple[subprocess.Popen[str], int]:
     env = {**os.environ, "H3FLOW_TEST_SECRET": SECRET.decode()}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "h3flow.cli", "receiver", "--store", str(store), "--bind", bind,
-         "--secret-env", "H3FLOW_TEST_SECRET", "--min-free", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "h3flow.cli",
+            "receiver",
+            "--store",
+            str(store),
+            "--bind",
+            bind,
+            "--secret-env",
+            "H3FLOW_TEST_SECRET",
+            "--min-free",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -415,14 +433,13 @@ def test_receiver_restarted_between_two_transfers(tmp_path: Path, latents: dict[
     assert store_is_empty(LatentStore(store)) is False and list(LatentStore(store).tmp.iterdir()) == []
 
 
-def test_a_damaged_object_is_reported_not_taken_for_the_latent(receiver: Receiver,
-                                                               latents: dict[str, FileRef]) -> None:
+def test_a_damaged_object_is_reported_not_taken_for_the_latent(receiver: Receiver, latents: dict[str, FileRef]) -> None:
     ref = latents["small"]
     dest = dest_for(receiver.address, receiver.store.root)
     remote = send(ref, dest)
     with open(remote.path, "r+b") as handle:
         handle.truncate(ref.size // 2)
-    with pytest.raises(H3FlowError, match="damaged.*store verify --quarantine"):
+    with pytest.raises(H3FlowError, match=r"damaged.*store verify --quarantine"):
         send(ref, dest)
     receiver.store.verify(quarantine=True)
     assert send(ref, dest).size == ref.size

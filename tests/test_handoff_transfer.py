@@ -116,7 +116,7 @@ def test_non_receivers_are_not_retried(latent: FileRef, tmp_path: Path) -> None:
     threading.Thread(target=answer, daemon=True).start()
     dest = Destination("tcp", "decoder", "127.0.0.1", server.getsockname()[1], None, tmp_path, SECRET)
     try:
-        with pytest.raises(H3FlowError, match="decoder.*does not speak h3flow-latent/1"):
+        with pytest.raises(H3FlowError, match=r"decoder.*does not speak h3flow-latent/1"):
             send_with_retry(latent, dest, attempts=3, backoff=0)
         assert len(accepted) == 1
     finally:
@@ -133,8 +133,18 @@ def test_cli_transfer_over_tcp(latent: FileRef, receiver: Receiver, monkeypatch:
     monkeypatch.setenv("H3_CLI_SECRET", SECRET.decode())
     monkeypatch.setenv("H3_WRONG_SECRET", "nope")
     address, port = receiver.address
-    base = ["transfer", str(latent.path), "--to", "decoder", "--address", address, "--port", str(port),
-            "--store-root", str(receiver.store.root)]
+    base = [
+        "transfer",
+        str(latent.path),
+        "--to",
+        "decoder",
+        "--address",
+        address,
+        "--port",
+        str(port),
+        "--store-root",
+        str(receiver.store.root),
+    ]
     ok = runner.invoke(app, [*base, "--secret-env", "H3_CLI_SECRET"])
     assert ok.exit_code == 0, ok.output
     assert "verified" in ok.output and receiver.store.has(latent.sha256)
@@ -144,13 +154,14 @@ def test_cli_transfer_over_tcp(latent: FileRef, receiver: Receiver, monkeypatch:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         closed = unused.getsockname()[1]
-    down = runner.invoke(app, [*base[:7], str(closed), *base[8:], "--secret-env", "H3_CLI_SECRET",
-                               "--attempts", "1"])
+    down = runner.invoke(app, [*base[:7], str(closed), *base[8:], "--secret-env", "H3_CLI_SECRET", "--attempts", "1"])
     assert down.exit_code == 1 and "cannot connect to the latent receiver on decoder" in down.output
 
 
 def test_cli_transfer_local(latent: FileRef, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["transfer", str(latent.path), "--to", "here", "--method", "local",
-                                 "--store-root", str(tmp_path / "store")])
+    result = runner.invoke(
+        app,
+        ["transfer", str(latent.path), "--to", "here", "--method", "local", "--store-root", str(tmp_path / "store")],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "store" / "latents" / latent.sha256[:2] / f"{latent.sha256}.h3latent").exists()

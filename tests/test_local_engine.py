@@ -26,7 +26,9 @@ IMAGES = Path(__file__).resolve().parents[1] / "examples" / "images"
 FIRST_FRAME_BOUND_DB = {"tiny": 21.0, "sd": 30.0, "hd": 37.0}
 
 
-def clip(spec: str = "tiny", image: str = "checker-sun.png", seed: int = 5, prompt: str = "slow pan left, calm") -> Clip:
+def clip(
+    spec: str = "tiny", image: str = "checker-sun.png", seed: int = 5, prompt: str = "slow pan left, calm"
+) -> Clip:
     return Clip(id=f"c-{spec}", prompt=prompt, image=IMAGES / image, spec=spec, seconds=5, seed=seed)
 
 
@@ -67,7 +69,11 @@ def test_tiny_clip_end_to_end(tmp_path: Path) -> None:
     loaded = load_latent(latent.path, latent.sha256)
     assert loaded.video.shape == (1, 24, 37, 8, 14) and loaded.video.dtype == torch.float32
     assert loaded.audio is not None and loaded.audio.shape == (1, 32, 2, 207)
-    assert loaded.meta["clip_id"] == c.id and loaded.meta["seed"] == "5" and loaded.meta["conditioning_sha256"] == cond.sha256
+    assert (
+        loaded.meta["clip_id"] == c.id
+        and loaded.meta["seed"] == "5"
+        and loaded.meta["conditioning_sha256"] == cond.sha256
+    )
     assert frames_of(loaded) == 124
     check_mp4(video.path, c)
 
@@ -116,7 +122,9 @@ def test_offload_keeps_or_drops_the_encoder(tmp_path: Path) -> None:
     keep = LocalEngine(retain_cpu_weights=True)
     keep.encode(clip(), tmp_path / "k.cond")
     report = keep.offload()
-    assert report.kept_cpu_copy and report.freed_bytes == 0 and report.free_per_device["cpu"] > 0  # CPU copy is the copy
+    assert (
+        report.kept_cpu_copy and report.freed_bytes == 0 and report.free_per_device["cpu"] > 0
+    )  # CPU copy is the copy
     drop = LocalEngine(retain_cpu_weights=False)
     first = drop.encode(clip(), tmp_path / "d1.cond")
     report = drop.offload()

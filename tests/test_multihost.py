@@ -54,8 +54,9 @@ class MultiHost:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220")
         config = [] if args[0] == "config-adapt" else ["--config", str(self.config_path)]
-        return subprocess.run([H3FLOW, *args, *config], capture_output=True, text=True, env=env, timeout=timeout,
-                              cwd=self.root)
+        return subprocess.run(
+            [H3FLOW, *args, *config], capture_output=True, text=True, env=env, timeout=timeout, cwd=self.root
+        )
 
     def preflight(self) -> tuple[int, dict[tuple[str, str], dict]]:
         done = self.h3("preflight", "--json")
@@ -63,8 +64,14 @@ class MultiHost:
         return done.returncode, {(c["host"], c["name"]): c for c in json.loads(done.stdout)["checks"]}
 
     def pid(self, service: str) -> int:
-        spec_host = {"prefect-server": "host-a", "worker-h3-control": "host-a", "worker-h3-a": "host-a",
-                     "worker-h3-xtx": "xtx", "worker-h3-b": "host-b", "receiver-host-b": "host-b"}[service]
+        spec_host = {
+            "prefect-server": "host-a",
+            "worker-h3-control": "host-a",
+            "worker-h3-a": "host-a",
+            "worker-h3-xtx": "xtx",
+            "worker-h3-b": "host-b",
+            "receiver-host-b": "host-b",
+        }[service]
         path = Path(self.config.hosts[spec_host].storage.root) / "services" / f"{service}.pid"
         return int(path.read_text().split()[0])
 
@@ -83,10 +90,18 @@ class MultiHost:
 
 def host_map(lab: Lab, root: Path) -> dict:
     """Three hosts at the namespaces' addresses; CPU "GPUs" and the reference model."""
+
     def host(name: str, roles: list[str], env: dict[str, str] | None = None) -> dict:
-        return {"name": name, "address": lab.hosts[name].address, "ssh_alias": name, "venv": sys.prefix,
-                "roles": roles, "gpus": [CPU.model_dump()], "storage": {"root": str(root / "store" / name)},
-                "env": env or {}}
+        return {
+            "name": name,
+            "address": lab.hosts[name].address,
+            "ssh_alias": name,
+            "venv": sys.prefix,
+            "roles": roles,
+            "gpus": [CPU.model_dump()],
+            "storage": {"root": str(root / "store" / name)},
+            "env": env or {},
+        }
 
     # the dispatcher (under host-a's control worker) notices a dead pool after 12 s and
     # gives up on decoders after 10 more, instead of 20 + 60 s: the test waits less
@@ -98,10 +113,15 @@ def host_map(lab: Lab, root: Path) -> dict:
         "prefect": {"api_url": f"http://{lab.hosts['host-a'].address}:4200/api"},
         "model": REFERENCE.model_dump(),
         "hosts": [host("host-a", ["encode", "sample"], fast), host("xtx", ["sample"]), host("host-b", ["decode"])],
-        "links": [{"hosts": ["host-a", "host-b"], "rtt_ms": 0.1, "gbit_s": 10},
-                  {"hosts": ["xtx", "host-b"], "rtt_ms": 0.1, "gbit_s": 10}],
-        "transfer": {"method": "tcp", "port": 9410,
-                     "secret": {"source": "file", "path": str(root / "secrets" / "transfer.key")}},
+        "links": [
+            {"hosts": ["host-a", "host-b"], "rtt_ms": 0.1, "gbit_s": 10},
+            {"hosts": ["xtx", "host-b"], "rtt_ms": 0.1, "gbit_s": 10},
+        ],
+        "transfer": {
+            "method": "tcp",
+            "port": 9410,
+            "secret": {"source": "file", "path": str(root / "secrets" / "transfer.key")},
+        },
         "runs_dir": str(root / "runs"),
     }
 
@@ -130,10 +150,15 @@ def test_config_adapt_then_preflight_over_ssh_into_each_namespace(mh: MultiHost)
     done = mh.h3("config-adapt", str(mh.root / "host-map.json"), "-o", str(mh.config_path))
     assert done.returncode == 0, done.stderr
     config = mh.config
-    assert [(p.name, p.host, p.role) for p in config.pools] == [("a", "host-a", "sample"), ("xtx", "xtx", "sample"),
-                                                               ("b", "host-b", "decode")]
+    assert [(p.name, p.host, p.role) for p in config.pools] == [
+        ("a", "host-a", "sample"),
+        ("xtx", "xtx", "sample"),
+        ("b", "host-b", "decode"),
+    ]
     assert [(r.source, r.target, r.method, r.address) for r in config.routes] == [
-        ("host-a", "host-b", "tcp", mh.lab.hosts["host-b"].address), ("xtx", "host-b", "tcp", mh.lab.hosts["host-b"].address)]
+        ("host-a", "host-b", "tcp", mh.lab.hosts["host-b"].address),
+        ("xtx", "host-b", "tcp", mh.lab.hosts["host-b"].address),
+    ]
     code, checks = mh.preflight()
     assert code == 0, [c for c in checks.values() if c["status"] == "fail"]
     for name in HOSTS:
@@ -149,8 +174,14 @@ def test_start_runs_each_service_in_its_hosts_namespace(mh: MultiHost) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for service in SERVICES:
         assert f"✓ {service}" in done.stdout, (service, done.stdout)
-    where = {"prefect-server": "host-a", "worker-h3-a": "host-a", "worker-h3-control": "host-a",
-             "worker-h3-xtx": "xtx", "worker-h3-b": "host-b", "receiver-host-b": "host-b"}
+    where = {
+        "prefect-server": "host-a",
+        "worker-h3-a": "host-a",
+        "worker-h3-control": "host-a",
+        "worker-h3-xtx": "xtx",
+        "worker-h3-b": "host-b",
+        "receiver-host-b": "host-b",
+    }
     for service, host in where.items():
         assert mh.lab.namespace_of(mh.pid(service)) == mh.lab.hosts[host].ns, service
     status = mh.h3("status", "--services")
@@ -185,7 +216,10 @@ def test_a_batch_runs_across_the_hosts(mh: MultiHost) -> None:
         assert rec.stages["transfer"].host == "host-b" and rec.stages["decode"].pool == "b"
         assert Path(rec.output).parent == Path(mh.config.hosts["host-b"].storage.outputs) / run_id
         with av.open(rec.output) as video:
-            assert video.streams.video[0].codec_context.name == "h264" and video.streams.audio[0].codec_context.name == "aac"
+            assert (
+                video.streams.video[0].codec_context.name == "h264"
+                and video.streams.audio[0].codec_context.name == "aac"
+            )
 
 
 def test_a_host_cut_off_the_lan_is_named_by_preflight(mh: MultiHost) -> None:
@@ -204,15 +238,20 @@ def test_a_host_cut_off_the_lan_is_named_by_preflight(mh: MultiHost) -> None:
 
 def test_a_sampler_pool_dying_mid_batch_is_routed_around(mh: MultiHost) -> None:
     run_id = mh.submit(write_batch(mh.root / "kill.json", [{"id": f"k{i}", "seed": 100 + i} for i in range(4)]))
-    wait_until(lambda: any(line["pool"] == "xtx" and line["clip"].startswith("k") for line in mh.journal("xtx")),
-               180, "pool xtx to start sampling a clip")
+    wait_until(
+        lambda: any(line["pool"] == "xtx" and line["clip"].startswith("k") for line in mh.journal("xtx")),
+        180,
+        "pool xtx to start sampling a clip",
+    )
     kill_tree(mh.pid("worker-h3-xtx"))
     done = mh.h3("wait", run_id)
     assert done.returncode == 0, done.stdout + done.stderr
     manifest = load_manifest(mh.config.runs_dir, run_id)
     assert len(manifest.delivered) == 4
     rerouted = [rec for rec in manifest.clips.values() if rec.attempts > 1]
-    assert rerouted and all(rec.pool == "a" for rec in rerouted), {r.clip.id: (r.pool, r.attempts) for r in manifest.clips.values()}
+    assert rerouted and all(rec.pool == "a" for rec in rerouted), {
+        r.clip.id: (r.pool, r.attempts) for r in manifest.clips.values()
+    }
     again = mh.h3("start", timeout=300)  # idempotent: only the dead worker is started again
     assert again.returncode == 0, again.stdout + again.stderr
     assert "worker-h3-xtx" in again.stdout and "restarted" in again.stdout
@@ -228,7 +267,9 @@ def test_the_only_decoder_gone_fails_the_run_and_resume_completes_it(mh: MultiHo
     manifest = load_manifest(mh.config.runs_dir, run_id)
     assert manifest.state == "failed" and not manifest.delivered
     back = mh.h3("start", timeout=300)
-    assert back.returncode == 0 and "worker-h3-b" in back.stdout and "restarted" in back.stdout, back.stdout + back.stderr
+    assert back.returncode == 0 and "worker-h3-b" in back.stdout and "restarted" in back.stdout, (
+        back.stdout + back.stderr
+    )
     resumed = mh.h3("resume", run_id)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     manifest = load_manifest(mh.config.runs_dir, run_id)
@@ -242,7 +283,9 @@ def test_stop_ends_every_service_on_every_host(mh: MultiHost) -> None:
     done = mh.h3("stop", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     for service, pid in pids.items():
-        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX", service
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX", (
+            service
+        )
     for host in HOSTS:
         assert not list((Path(mh.config.hosts[host].storage.root) / "services").glob("*.pid")), host
     status = mh.h3("status", "--services")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -21,7 +22,9 @@ H, W, N = 64, 96, 29  # 29 frames = 1.2083 s at 24 fps
 def frames(n: int = N) -> list[np.ndarray]:
     x = np.linspace(0, 255, W)[None, :, None]
     y = np.linspace(0, 255, H)[:, None, None]
-    base = np.concatenate([np.broadcast_to(x, (H, W, 1)), np.broadcast_to(y, (H, W, 1)), np.full((H, W, 1), 90.0)], axis=2)
+    base = np.concatenate(
+        [np.broadcast_to(x, (H, W, 1)), np.broadcast_to(y, (H, W, 1)), np.full((H, W, 1), 90.0)], axis=2
+    )
     return [np.roll(base, 2 * i, axis=1).astype(np.uint8) for i in range(n)]
 
 
@@ -52,7 +55,7 @@ def test_timestamps_and_first_frame(tmp_path: Path) -> None:
         packets = [p for p in container.demux(audio) if p.size]
         assert all(p.duration == 1024 for p in packets[:-1]) and 0 < packets[-1].duration <= 1024
         pts = [p.pts for p in packets]
-        assert pts == sorted(pts) and all(b - a == 1024 for a, b in zip(pts, pts[1:]))
+        assert pts == sorted(pts) and all(b - a == 1024 for a, b in itertools.pairwise(pts))
     with av.open(str(path)) as container:
         decoded = list(container.decode(video=0))
         step = int(1 / (24 * container.streams.video[0].time_base))

@@ -52,7 +52,7 @@ def test_qwen3vl_32b_over_four_t10s() -> None:
     part = partition_layers(sizes, free, reserve_bytes=1536 * MiB)
     assert part.assignment[0] == 0 and part.assignment[-1] == 3  # order kept: vision first, norm last
     assert list(part.assignment) == sorted(part.assignment)  # contiguous runs
-    assert all(load <= cap for load, cap in zip(part.load, part.capacity))
+    assert all(load <= cap for load, cap in zip(part.load, part.capacity, strict=False))
     assert part.max_fill == pytest.approx(brute_force_best_fast(sizes, list(part.capacity)), rel=1e-9)
     assert len(part.boundaries()) == 3  # activations cross a GPU boundary three times
 
@@ -95,7 +95,7 @@ def test_matches_brute_force(sizes: list[int], caps: list[int]) -> None:
     assert part.max_fill == pytest.approx(best)
     assert len(part.assignment) == len(sizes)
     assert list(part.assignment) == sorted(part.assignment)
-    assert all(load <= cap for load, cap in zip(part.load, part.capacity))
+    assert all(load <= cap for load, cap in zip(part.load, part.capacity, strict=False))
 
 
 def test_too_big_is_one_clear_line() -> None:

@@ -95,7 +95,9 @@ def test_hunks_carry_normal_three_line_context(patch_file: Path) -> None:
 
 def test_parser_names_file_and_hunk_of_a_bad_header() -> None:
     text = COMFY.read_text().replace("@@ -740,7 +741,9 @@", "@@ -740,8 +741,9 @@")
-    with pytest.raises(H3FlowError, match=r"comfy/ldm/minimax/model.py hunk #2 header says -8 \+9 lines, its body has -7 \+9"):
+    with pytest.raises(
+        H3FlowError, match=r"comfy/ldm/minimax/model.py hunk #2 header says -8 \+9 lines, its body has -7 \+9"
+    ):
         patches.parse_patch(text, "bad.patch")
     shifted = COMFY.read_text().replace("@@ -740,7 +741,9 @@", "@@ -740,7 +740,9 @@")
     with pytest.raises(H3FlowError, match=r"hunk #2 @@ -740,7 \+740,9 @@ should start at \+741"):
@@ -158,7 +160,9 @@ def test_a_conflict_anywhere_changes_nothing(tmp_path: Path) -> None:
     comfy_before = build_tree(comfy, COMFY)
     build_tree(raylight, RAYLIGHT)
     attention = raylight / "src/raylight/distributed_modules/attention.py"
-    attention.write_text(attention.read_text().replace("def make_xfuser_attention(attn_type, sync_ulysses):", "def other():"))
+    attention.write_text(
+        attention.read_text().replace("def make_xfuser_attention(attn_type, sync_ulysses):", "def other():")
+    )
 
     with pytest.raises(H3FlowError, match=r"attention.py hunk #2 .*nothing was changed"):
         patches.apply_trees(comfy, raylight)
@@ -168,7 +172,10 @@ def test_a_conflict_anywhere_changes_nothing(tmp_path: Path) -> None:
 def test_wrong_checkout_names_the_missing_file(tmp_path: Path) -> None:
     report = patches.check_patch(RAYLIGHT, tmp_path)
     assert report.state is State.CONFLICT
-    assert report.problem == f"src/raylight/comfy_dist/sd.py hunk #1: file not found (is {tmp_path.resolve()} the right checkout?)"
+    assert (
+        report.problem
+        == f"src/raylight/comfy_dist/sd.py hunk #1: file not found (is {tmp_path.resolve()} the right checkout?)"
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -208,8 +215,10 @@ def test_cli_check_then_apply_then_check(tmp_path: Path) -> None:
     [
         (("--comfy-dir", "/nonexistent/ComfyUI"), "error: --comfy-dir /nonexistent/ComfyUI: not a directory"),
         ((), "error: give --comfy-dir and/or --raylight-dir (or --host NAME)"),
-        (("--host", "xtx", "--config", "/nonexistent/local.json"),
-         "error: /nonexistent/local.json: no such file (run `h3flow config-adapt` first)"),
+        (
+            ("--host", "xtx", "--config", "/nonexistent/local.json"),
+            "error: /nonexistent/local.json: no such file (run `h3flow config-adapt` first)",
+        ),
     ],
     ids=["missing-dir", "no-dir", "host"],
 )

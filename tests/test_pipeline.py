@@ -36,7 +36,10 @@ def h3(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.Complet
     env = {**os.environ, **cluster.env(), "COLUMNS": "200"}
     return subprocess.run(
         [H3FLOW, *args, "--config", str(cluster.config_path)],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
 
 
@@ -87,8 +90,13 @@ def test_the_same_batch_again_is_served_from_the_cache(cluster: Cluster, tmp_pat
 def test_a_sampler_killed_mid_sample_still_delivers_every_clip(cluster: Cluster, tmp_path: Path) -> None:
     batch = write_batch(tmp_path / "kill.json", [{"id": f"k{i}", "seed": 100 + i, "seconds": 4} for i in range(4)])
     run_id = submit(cluster, batch)
-    wait_until(lambda: any(l["pool"] == "a0" and l["stage"] in ("encode", "sample") for l in cluster.journal("host-a")),
-               120, "pool a0 to start a clip")
+    wait_until(
+        lambda: any(
+            line["pool"] == "a0" and line["stage"] in ("encode", "sample") for line in cluster.journal("host-a")
+        ),
+        120,
+        "pool a0 to start a clip",
+    )
     kill_tree(cluster.pidfile_pid("h3-a0"))
     res = h3(cluster, "wait", run_id)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -163,7 +171,10 @@ def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluste
     env = {**os.environ, **cluster.env()}
     res = subprocess.run(
         [str(Path(sys.prefix) / "bin" / "prefect"), "deployment", "run", "batch/inbox", "--watch"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     done = list((inbox / "done").glob("good.*.json"))
@@ -183,8 +194,11 @@ def _deployments(cluster: Cluster) -> dict[str, tuple]:
         flows = {f.id: f.name for f in client.read_flows()}
         return {
             f"{flows[d.flow_id]}/{d.name}": (
-                d.work_pool_name, d.entrypoint, json.dumps(d.parameters, sort_keys=True),
-                json.dumps(d.job_variables, sort_keys=True), sorted(s.schedule.cron for s in d.schedules),
+                d.work_pool_name,
+                d.entrypoint,
+                json.dumps(d.parameters, sort_keys=True),
+                json.dumps(d.job_variables, sort_keys=True),
+                sorted(s.schedule.cron for s in d.schedules),
             )
             for d in client.read_deployments()
         }
@@ -203,9 +217,19 @@ def test_prefect_deploy_all_from_the_written_yaml_gives_the_same_deployments(clu
     assert _deployments(cluster) == {}
     env = {**os.environ, **cluster.env()}
     res = subprocess.run(
-        [str(Path(sys.prefix) / "bin" / "prefect"), "--no-prompt", "deploy", "--all",
-         "--prefect-file", str(cluster.config_path.parent / "prefect.yaml")],
-        cwd=SOURCE_DIR, capture_output=True, text=True, env=env, timeout=300,
+        [
+            str(Path(sys.prefix) / "bin" / "prefect"),
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            str(cluster.config_path.parent / "prefect.yaml"),
+        ],
+        cwd=SOURCE_DIR,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert _deployments(cluster) == ours

@@ -22,7 +22,7 @@ EXAMPLE = str(ROOT / "examples" / "host-map.example.json")
 runner = CliRunner()
 
 
-def plan(*args: str, cwd: Path | None = None):  # noqa: ANN201
+def plan(*args: str, cwd: Path | None = None):
     if cwd is None:
         return runner.invoke(app, ["plan", *args])
     old = os.getcwd()
@@ -33,7 +33,7 @@ def plan(*args: str, cwd: Path | None = None):  # noqa: ANN201
         os.chdir(old)
 
 
-def one_line_error(result, *needles: str) -> str:  # noqa: ANN001
+def one_line_error(result, *needles: str) -> str:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -92,10 +92,17 @@ def test_a_batch_file_and_a_local_json_are_planned(tmp_path: Path) -> None:
     config = adapt(load_host_map(Path(EXAMPLE)), "four_four_xtx_plus_one")
     (tmp_path / "local.json").write_text(config.model_dump_json())
     batch = tmp_path / "batch.json"
-    batch.write_text(json.dumps({"name": "mixed", "clips": [
-        {"id": f"m{i}", "prompt": "pan", "image": "missing.png", "spec": spec, "seconds": s}
-        for i, (spec, s) in enumerate([("hd", 5), ("sd", 5), ("sd", 2), ("hd", 8)])
-    ]}))
+    batch.write_text(
+        json.dumps(
+            {
+                "name": "mixed",
+                "clips": [
+                    {"id": f"m{i}", "prompt": "pan", "image": "missing.png", "spec": spec, "seconds": s}
+                    for i, (spec, s) in enumerate([("hd", 5), ("sd", 5), ("sd", 2), ("hd", 8)])
+                ],
+            }
+        )
+    )
     result = plan("--batch", str(batch), "--topology", "four_four_xtx_plus_one", "--json", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -140,7 +147,9 @@ def _profile(tmp_path: Path, old: str, new: str) -> str:
 def test_a_profile_missing_an_entry_names_it(tmp_path: Path) -> None:
     profile = _profile(tmp_path, "[gpu.T10.sample.hd]\n", "[gpu.T10.sample.uhd]\n")
     assert plan("--host-map", EXAMPLE, "--profile", profile).exit_code == 0  # SD does not need it
-    one_line_error(plan("--host-map", EXAMPLE, "--profile", profile, "--spec", "hd"), "no entry gpu.T10.sample.hd", "pool a")
+    one_line_error(
+        plan("--host-map", EXAMPLE, "--profile", profile, "--spec", "hd"), "no entry gpu.T10.sample.hd", "pool a"
+    )
 
 
 @pytest.mark.parametrize(
@@ -152,7 +161,9 @@ def test_a_profile_missing_an_entry_names_it(tmp_path: Path) -> None:
         ("version = 1\n", "version = 1\nversion = 2\n", "invalid TOML"),
     ],
 )
-def test_negative_zero_or_unparseable_profiles_are_one_line_errors(tmp_path: Path, old: str, new: str, needle: str) -> None:
+def test_negative_zero_or_unparseable_profiles_are_one_line_errors(
+    tmp_path: Path, old: str, new: str, needle: str
+) -> None:
     one_line_error(plan("--host-map", EXAMPLE, "--profile", _profile(tmp_path, old, new)), needle)
 
 
@@ -170,7 +181,14 @@ def test_it_runs_with_torch_unimportable_cuda_hidden_and_no_network(tmp_path: Pa
         "from h3flow.cli import app\n"
         f"app(['plan', '--host-map', {EXAMPLE!r}, '--spec', 'hd', '--json'])\n"
     )
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["recommendation"]["topology"] == "four_four_xtx_plus_one"

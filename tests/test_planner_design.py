@@ -21,7 +21,7 @@ def close(value: float, target: float, tolerance: float = 0.005) -> bool:
     return abs(value - target) <= tolerance * abs(target)
 
 
-def run(topology: str, spec: str, policy: str = "design"):  # noqa: ANN201
+def run(topology: str, spec: str, policy: str = "design"):
     clips, _ = batch_clips(spec, None, 6)
     ev = evaluate(build(HOST_MAP, topology, PROFILE), clips, PROFILE, policy)  # also validates each schedule
     assert ev.schedule is not None, ev.candidate.reason

@@ -68,7 +68,11 @@ def test_pools_that_cannot_hold_the_encoder_borrow_one_that_can() -> None:
     xtx = planner_for("four_four_xtx_plus_one").resources
     assert {p.name: p.encoder for p in xtx.samplers} == {"a0": "a0", "a1": "a1", "xtx": "a0"}
     mixed = planner_for("4+2+2").resources
-    assert {p.name: (p.degree, p.encoder) for p in mixed.samplers} == {"a0": (4, "a0"), "a1": (2, "a0"), "a2": (2, "a0")}
+    assert {p.name: (p.degree, p.encoder) for p in mixed.samplers} == {
+        "a0": (4, "a0"),
+        "a1": (2, "a0"),
+        "a2": (2, "a0"),
+    }
     with pytest.raises(ConfigError, match="no pool can hold the text encoder"):
         planner_for("2+2")
 
@@ -96,7 +100,16 @@ def test_search_tries_every_set_of_decoder_hosts() -> None:
 
 def test_a_gpu_model_the_profile_does_not_know_is_named() -> None:
     hm = HOST_MAP
-    odd = hm.model_copy(update={"hosts": [h.model_copy(update={"gpus": [g.model_copy(update={"model": "T4"}) for g in h.gpus]}) if h.name == "host-a" else h for h in hm.hosts]})
+    odd = hm.model_copy(
+        update={
+            "hosts": [
+                h.model_copy(update={"gpus": [g.model_copy(update={"model": "T4"}) for g in h.gpus]})
+                if h.name == "host-a"
+                else h
+                for h in hm.hosts
+            ]
+        }
+    )
     planner = Planner(PROFILE, Resources.from_config(adapt(odd, "four_four_plus_one"), PROFILE.encoder_vram_gb))
     with pytest.raises(ConfigError, match=r"no entry gpu\.T4 \(needed for pool a0"):
         planner.check([PlanClip.make("c")])

@@ -33,8 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 HOST_MAP = load_host_map(ROOT / "examples" / "host-map.example.json")
 PROFILE = load_profile()
 TOPOLOGIES = [
-    "four_plus_one", "four_xtx_plus_one", "eight_plus_one", "eight_xtx_plus_one",
-    "four_four_plus_one", "four_four_xtx_plus_one", "4+2+2+xtx", "4+2",
+    "four_plus_one",
+    "four_xtx_plus_one",
+    "eight_plus_one",
+    "eight_xtx_plus_one",
+    "four_four_plus_one",
+    "four_four_xtx_plus_one",
+    "4+2+2+xtx",
+    "4+2",
 ]
 PLANNERS = {t: Planner(PROFILE, build(HOST_MAP, t, PROFILE).resources) for t in TOPOLOGIES}
 
@@ -46,8 +52,10 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 
 @FAST
-@given(clips=batches, topology=st.sampled_from(TOPOLOGIES), policy=st.sampled_from([RoundRobin, EarliestFinish, BestOf]))
-def test_every_schedule_is_valid_and_no_faster_than_the_lower_bound(clips, topology, policy) -> None:  # noqa: ANN001
+@given(
+    clips=batches, topology=st.sampled_from(TOPOLOGIES), policy=st.sampled_from([RoundRobin, EarliestFinish, BestOf])
+)
+def test_every_schedule_is_valid_and_no_faster_than_the_lower_bound(clips, topology, policy) -> None:
     planner = PLANNERS[topology]
     schedule = simulate(clips, planner, policy(planner))
     assert validate(schedule, planner, clips) == []
@@ -56,7 +64,7 @@ def test_every_schedule_is_valid_and_no_faster_than_the_lower_bound(clips, topol
 
 @FAST
 @given(clips=batches, topology=st.sampled_from(TOPOLOGIES))
-def test_the_planners_policy_is_never_worse_than_the_designs(clips, topology) -> None:  # noqa: ANN001
+def test_the_planners_policy_is_never_worse_than_the_designs(clips, topology) -> None:
     planner = PLANNERS[topology]
     design = simulate(clips, planner, RoundRobin(planner)).makespan
     assert simulate(clips, planner, BestOf(planner)).makespan <= design + 1e-9
@@ -82,7 +90,7 @@ def _random_profile(rng: random.Random) -> object:
 
 @FAST
 @given(seed=st.integers(0, 10_000), clips=batches, topology=st.sampled_from(TOPOLOGIES))
-def test_schedules_stay_valid_and_bounded_under_random_profiles(seed, clips, topology) -> None:  # noqa: ANN001
+def test_schedules_stay_valid_and_bounded_under_random_profiles(seed, clips, topology) -> None:
     profile = parse_profile(_random_profile(random.Random(seed)))
     planner = Planner(profile, build(HOST_MAP, topology, profile).resources)
     for policy in (RoundRobin(planner), EarliestFinish(planner)):
@@ -119,7 +127,7 @@ def test_on_seeded_random_mixed_batches_the_planner_wins_often_and_never_loses()
 
 # --------------------------------------------------------------------------- the validator can fail
 @pytest.fixture(scope="module")
-def good():  # noqa: ANN201
+def good():
     planner = PLANNERS["four_four_xtx_plus_one"]
     clips = [PlanClip.make(f"v{i}", "sd") for i in range(5)]
     schedule = simulate(clips, planner, RoundRobin(planner))
@@ -127,13 +135,13 @@ def good():  # noqa: ANN201
     return planner, clips, schedule
 
 
-def _with(schedule, index: int, run: StageRun):  # noqa: ANN001, ANN202
+def _with(schedule, index: int, run: StageRun):
     runs = list(schedule.runs)
     runs[index] = run
     return replace(schedule, runs=runs)
 
 
-def test_the_validator_catches_a_stage_shorter_than_its_profile_time(good) -> None:  # noqa: ANN001
+def test_the_validator_catches_a_stage_shorter_than_its_profile_time(good) -> None:
     planner, clips, schedule = good
     i = next(i for i, r in enumerate(schedule.runs) if r.stage == "sample")
     r = schedule.runs[i]
@@ -141,7 +149,7 @@ def test_the_validator_catches_a_stage_shorter_than_its_profile_time(good) -> No
     assert any("sample took" in p and "less than its profile time" in p for p in problems)
 
 
-def test_the_validator_catches_overlap_and_broken_precedence(good) -> None:  # noqa: ANN001
+def test_the_validator_catches_overlap_and_broken_precedence(good) -> None:
     planner, clips, schedule = good
     decodes = [i for i, r in enumerate(schedule.runs) if r.stage == "decode"]
     a, b = schedule.runs[decodes[0]], schedule.runs[decodes[1]]
@@ -151,9 +159,9 @@ def test_the_validator_catches_overlap_and_broken_precedence(good) -> None:  # n
     assert any("decode starts" in p or "mux starts" in p for p in problems)
 
 
-def test_the_validator_catches_a_stage_on_the_wrong_resource_and_a_missing_clip(good) -> None:  # noqa: ANN001
+def test_the_validator_catches_a_stage_on_the_wrong_resource_and_a_missing_clip(good) -> None:
     planner, clips, schedule = good
     i = next(i for i, r in enumerate(schedule.runs) if r.stage == "encode" and schedule.pool_of[r.clip] == "xtx")
     wrong = replace(schedule.runs[i], resource="a1")
     assert any("encode on 'a1', want 'a0'" in p for p in validate(_with(schedule, i, wrong), planner, clips))
-    assert any("clips scheduled" in p for p in validate(schedule, planner, clips + [PlanClip.make("ghost")]))
+    assert any("clips scheduled" in p for p in validate(schedule, planner, [*clips, PlanClip.make("ghost")]))

@@ -35,8 +35,14 @@ H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
 def preflight(path: Path, sshd: SshServer | None = None) -> tuple[int, dict[tuple[str, str], dict[str, Any]]]:
     """Run the real command; its checks keyed by (host, check)."""
     env = {**os.environ, "COLUMNS": "200", **({SSH_CONFIG_ENV: str(sshd.config)} if sshd else {})}
-    done = subprocess.run([H3FLOW, "preflight", "--json", "--config", str(path)], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
+    done = subprocess.run(
+        [H3FLOW, "preflight", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is (done.returncode == 0)
@@ -52,15 +58,24 @@ def test_a_cpu_reference_cluster_over_ssh_is_ready_before_start(sshd: SshServer,
         assert checks[host, "ssh"]["status"] == "ok" and "host key matches known_hosts" in checks[host, "ssh"]["detail"]
         assert checks[host, "venv"]["detail"].startswith(f"python {sys.version.split()[0]}, h3flow 0.1.0")
         assert "torch 2.13.0" in checks[host, "torch"]["detail"] and "cpu build" in checks[host, "torch"]["detail"]
-        assert checks[host, "gpus"]["status"] == "ok" and checks[host, "gpus"]["detail"].startswith("cpu (reference model)")
+        assert checks[host, "gpus"]["status"] == "ok" and checks[host, "gpus"]["detail"].startswith(
+            "cpu (reference model)"
+        )
         assert checks[host, "disk"]["status"] == "ok" and "GiB free" in checks[host, "disk"]["detail"]
         assert checks[host, "clock"]["status"] == "ok"
         assert checks[host, "comfyui"]["detail"] == "engine local: the stages run in the workers, no ComfyUI"
         assert checks[host, "models"]["detail"] == "the reference model has no weight files"
-        assert checks[host, "prefect api"]["status"] == "skip" and "not started yet" in checks[host, "prefect api"]["detail"]
+        assert (
+            checks[host, "prefect api"]["status"] == "skip"
+            and "not started yet" in checks[host, "prefect api"]["detail"]
+        )
     assert checks["host-a", "retain"] == {
-        "host": "host-a", "name": "retain", "status": "ok", "fix": "",
-        "detail": "H3_MP_RETAIN_CPU_WEIGHTS=1 in the environment `h3flow start` gives worker-h3-a0"}
+        "host": "host-a",
+        "name": "retain",
+        "status": "ok",
+        "fix": "",
+        "detail": "H3_MP_RETAIN_CPU_WEIGHTS=1 in the environment `h3flow start` gives worker-h3-a0",
+    }
     assert checks["host-b", "retain"]["detail"] == "no encoder pool on this host"
     assert checks["host-a", "worker h3-a0"]["detail"] == "not started yet: `h3flow start` starts it"
     assert checks["host-a", "link → host-b"]["detail"].startswith("the receiver on host-b is not running yet")
@@ -81,7 +96,9 @@ def test_production_hardware_that_is_not_here_is_named_with_its_fix(sshd: SshSer
     assert torch["status"] == "fail" and "cpu build): the host's nvidia GPUs need a CUDA build" in torch["detail"]
     assert "pip install torch --index-url https://download.pytorch.org/whl/cu126" in torch["fix"]
     gpus = checks["host-a", "gpus"]
-    assert gpus["status"] == "fail" and gpus["detail"].startswith("no NVIDIA GPU visible on host-a: nvidia-smi not found")
+    assert gpus["status"] == "fail" and gpus["detail"].startswith(
+        "no NVIDIA GPU visible on host-a: nvidia-smi not found"
+    )
     assert "install the NVIDIA driver (nvidia-smi)" in gpus["fix"]
     missing = checks["host-a", "models"]
     assert missing["status"] == "fail" and config.model.dit not in missing["detail"]
@@ -91,16 +108,25 @@ def test_production_hardware_that_is_not_here_is_named_with_its_fix(sshd: SshSer
     assert patches["status"] == "fail" and "comfy-turing-lerp.patch not applied" in patches["detail"]
     assert "raylight-sm75-ulysses.patch not applied" in patches["detail"]
     assert patches["fix"] == "`h3flow patches apply --host host-a`"
-    assert checks["host-a", "comfyui a"]["detail"].startswith("not started yet: `h3flow start` starts it at http://127.0.0.1:")
-    assert checks["host-a", "retain"]["detail"] == "H3_MP_RETAIN_CPU_WEIGHTS=1 in the environment `h3flow start` gives comfyui-a"
+    assert checks["host-a", "comfyui a"]["detail"].startswith(
+        "not started yet: `h3flow start` starts it at http://127.0.0.1:"
+    )
+    assert (
+        checks["host-a", "retain"]["detail"]
+        == "H3_MP_RETAIN_CPU_WEIGHTS=1 in the environment `h3flow start` gives comfyui-a"
+    )
     down = checks["host-b", "ssh"]
     assert down["status"] == "fail" and "cannot reach host host-b (ssh h8-pf-down) at 127.0.0.1:1" in down["detail"]
     assert "known_hosts" in down["fix"] and checks["host-b", "…"]["status"] == "skip"
 
 
 def test_the_embedded_default_is_checked_without_ssh(tmp_path: Path) -> None:
-    subprocess.run([H3FLOW, "config-adapt", "--local", "--workdir", str(tmp_path / "wd"), "-o", str(tmp_path / "local.json")],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [H3FLOW, "config-adapt", "--local", "--workdir", str(tmp_path / "wd"), "-o", str(tmp_path / "local.json")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     code, checks = preflight(tmp_path / "local.json")
     assert code == 0
     assert checks["host-a", "ssh"]["detail"] == "this machine (embedded default): no SSH"
@@ -116,7 +142,7 @@ def object_info_server() -> Iterator[tuple[str, dict[str, Any]]]:
     info = upstream_object_info()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             body = json.dumps(info).encode() if self.path == "/object_info" else b"{}"
             self.send_response(200 if self.path == "/object_info" else 404)
             self.send_header("Content-Type", "application/json")
@@ -135,13 +161,16 @@ def object_info_server() -> Iterator[tuple[str, dict[str, Any]]]:
     server.server_close()
 
 
-def test_object_info_missing_nodes_inputs_and_models_are_named(sshd: SshServer, tmp_path: Path,
-                                                               object_info_server: tuple[str, dict[str, Any]]) -> None:
+def test_object_info_missing_nodes_inputs_and_models_are_named(
+    sshd: SshServer, tmp_path: Path, object_info_server: tuple[str, dict[str, Any]]
+) -> None:
     url, info = object_info_server
     config, path = write_config(tmp_path, host_map(tmp_path, sshd.alias, production=True))
     pools = [p.model_copy(update={"comfy_url": url}) for p in config.pools]
     config = config.model_copy(update={"pools": pools})
-    view = HostView(config, config.hosts["host-a"], False, [s for s in service_specs(config, path) if s.host == "host-a"])
+    view = HostView(
+        config, config.hosts["host-a"], False, [s for s in service_specs(config, path) if s.host == "host-a"]
+    )
     view.procs = {"comfyui-a": Proc(1, True)}  # ComfyUI counts as started; its /object_info is the server above
     (ready,) = check_comfyui(view, fetch_object_info)
     assert ready.status == "ok" and "holds every node and input of its templates" in ready.detail
@@ -161,19 +190,28 @@ def test_object_info_missing_nodes_inputs_and_models_are_named(sshd: SshServer, 
 
 # --------------------------------------------------------------------------- judging facts
 def _view(tmp_path: Path, sshd_alias: str = "h3test", production: bool = True) -> HostView:
-    config, path = write_config(tmp_path, host_map(tmp_path, sshd_alias, production=production))
+    config, _path = write_config(tmp_path, host_map(tmp_path, sshd_alias, production=production))
     return HostView(config, config.hosts["host-a"], False, [], reachable=True)
 
 
 def test_gpus_that_differ_from_the_host_map_are_named(tmp_path: Path) -> None:
     view = _view(tmp_path)
-    view.facts = {"gpus": {"tool": "nvidia-smi", "gpus": [
-        {"index": 0, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"},
-        {"index": 1, "name": "NVIDIA GeForce RTX 3080 Ti", "memory_mb": 12288.0, "arch": "sm86"}]}}
+    view.facts = {
+        "gpus": {
+            "tool": "nvidia-smi",
+            "gpus": [
+                {"index": 0, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"},
+                {"index": 1, "name": "NVIDIA GeForce RTX 3080 Ti", "memory_mb": 12288.0, "arch": "sm86"},
+            ],
+        }
+    }
     (check,) = check_gpus(view)
     assert check.status == "fail"
     assert "GPU 1 is NVIDIA GeForce RTX 3080 Ti, the host map says T10" in check.detail
-    assert "GPU 1 has 12.0 GiB, the host map says 16 GB" in check.detail and "GPU 1 is sm86, the host map says sm75" in check.detail
+    assert (
+        "GPU 1 has 12.0 GiB, the host map says 16 GB" in check.detail
+        and "GPU 1 is sm86, the host map says sm75" in check.detail
+    )
     assert "GPU 0" not in check.detail.split("(nvidia-smi")[0]  # the T10 (15 GiB as nvidia-smi counts) matches
     view.facts["gpus"]["gpus"] = view.facts["gpus"]["gpus"][:1]
     assert "GPU 1 (T10) not visible" in check_gpus(view)[0].detail
@@ -186,7 +224,9 @@ def test_low_disk_and_clock_skew_fail_with_their_fix(tmp_path: Path) -> None:
     root = view.host.storage.root
     view.facts = {"disk": {root: {"free": 3 << 30, "at": root}}}
     (disk,) = check_disk(view)
-    assert disk.status == "fail" and f"{root} has 3.0 GiB free (need ≥ 20 GiB)" in disk.detail and "free space" in disk.fix
+    assert (
+        disk.status == "fail" and f"{root} has 3.0 GiB free (need ≥ 20 GiB)" in disk.detail and "free space" in disk.fix
+    )
     view.skew = (3.5, 0.01)
     (clock,) = check_clock(view)
     assert clock.status == "fail" and clock.detail.startswith("+3500 ms") and "chrony" in clock.fix

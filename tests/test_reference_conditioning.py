@@ -83,7 +83,9 @@ def test_encode_is_deterministic_and_holds_the_first_frame_latent(tmp_path: Path
     assert cond.meta["image_sha256"] == sha256_file(IMAGE)
     assert cond.meta["spec"] == "tiny" and cond.meta["frames"] == "124" and cond.meta["encoder"] == C.ENCODER_ID
     sha1 = C.save_conditioning(tmp_path / "a.cond", cond)
-    sha2 = C.save_conditioning(tmp_path / "b.cond", C.encode_conditioning("slow pan left over a calm lake", IMAGE, spec, 124))
+    sha2 = C.save_conditioning(
+        tmp_path / "b.cond", C.encode_conditioning("slow pan left over a calm lake", IMAGE, spec, 124)
+    )
     assert sha1 == sha2 == sha256_file(tmp_path / "a.cond")
     other = C.save_conditioning(tmp_path / "c.cond", C.encode_conditioning("slow pan right", IMAGE, spec, 124))
     assert other != sha1

@@ -105,7 +105,9 @@ def test_audio_target_is_the_chord_panned() -> None:
     c = cond("fast pan left, happy")
     _, audio = S.sample_latent(c, seed=1)
     per_note = audio[0].abs().amax(dim=(1, 2))
-    assert set(torch.nonzero(per_note > 1e-3).flatten().tolist()) == set(torch.nonzero(c.audio_notes).flatten().tolist())
+    assert set(torch.nonzero(per_note > 1e-3).flatten().tolist()) == set(
+        torch.nonzero(c.audio_notes).flatten().tolist()
+    )
     assert float(audio[0, :, 0].sum()) > float(audio[0, :, 1].sum())  # left ear louder
 
 

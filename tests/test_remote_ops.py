@@ -87,7 +87,9 @@ def test_unknown_and_changed_host_keys_are_refused(sshd: SshServer, config, tmp_
     empty = tmp_path / "known_hosts_empty"
     empty.write_text("")
     stranger = host_of(config).model_copy(update={"ssh_alias": sshd.add_alias("h8-stranger", known_hosts=empty)})
-    with pytest.raises(H3FlowError, match=r"host host-a \(ssh h8-stranger\): the host key of 127.0.0.1:\d+ is not in known_hosts"):
+    with pytest.raises(
+        H3FlowError, match=r"host host-a \(ssh h8-stranger\): the host key of 127.0.0.1:\d+ is not in known_hosts"
+    ):
         remote(stranger)
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
@@ -102,8 +104,10 @@ def test_an_alias_unknown_to_the_ssh_config_uses_the_host_maps_address_port_user
     sshd: SshServer, config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ssh_config = tmp_path / "ssh_config"  # keys for the address, but no alias and no port
-    ssh_config.write_text(f'Host {sshd.host}\n    IdentityFile "{sshd.identity}"\n    IdentitiesOnly yes\n'
-                          f'    UserKnownHostsFile "{sshd.known_hosts}"\n')
+    ssh_config.write_text(
+        f'Host {sshd.host}\n    IdentityFile "{sshd.identity}"\n    IdentitiesOnly yes\n'
+        f'    UserKnownHostsFile "{sshd.known_hosts}"\n'
+    )
     monkeypatch.setenv(SSH_CONFIG_ENV, str(ssh_config))
     host = host_of(config).model_copy(update={"ssh_alias": "not-in-any-config", "port": sshd.port, "user": sshd.user})
     conn = remote(host)
@@ -117,7 +121,9 @@ def test_an_alias_unknown_to_the_ssh_config_uses_the_host_maps_address_port_user
 def test_an_unreachable_host_is_named(sshd: SshServer, config) -> None:
     closed = free_port()
     dead = host_of(config).model_copy(update={"ssh_alias": sshd.add_alias("h8-dead", port=closed)})
-    with pytest.raises(TransientError, match=rf"cannot reach host host-a \(ssh h8-dead\) at 127.0.0.1:{closed}: .*refused"):
+    with pytest.raises(
+        TransientError, match=rf"cannot reach host host-a \(ssh h8-dead\) at 127.0.0.1:{closed}: .*refused"
+    ):
         SshRunner(dead).exec(["true"])
 
 
@@ -125,11 +131,15 @@ def test_a_venv_without_python_or_h3flow_is_named(config, tmp_path: Path) -> Non
     empty = tmp_path / "empty-venv"
     (empty / "bin").mkdir(parents=True)
     with pytest.raises(H3FlowError, match=rf"host host-a \(ssh h3test\): no python at {empty}/bin/python"):
-        SshRunner(host_of(config).model_copy(update={"venv": str(empty)})).agent("port_free", {"address": "127.0.0.1", "port": 1})
+        SshRunner(host_of(config).model_copy(update={"venv": str(empty)})).agent(
+            "port_free", {"address": "127.0.0.1", "port": 1}
+        )
     bare = tmp_path / "bare-venv"
     subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(bare)], check=True)
     with pytest.raises(H3FlowError, match=rf"h3flow is not installed in {bare}"):
-        SshRunner(host_of(config).model_copy(update={"venv": str(bare)})).agent("port_free", {"address": "127.0.0.1", "port": 1})
+        SshRunner(host_of(config).model_copy(update={"venv": str(bare)})).agent(
+            "port_free", {"address": "127.0.0.1", "port": 1}
+        )
 
 
 # --------------------------------------------------------------------------- services through SSH
@@ -171,13 +181,24 @@ def test_a_stale_pid_file_is_seen_and_replaced_over_ssh(config, tmp_path: Path) 
 
 
 def test_a_stubborn_service_tree_is_killed_and_a_dying_one_shows_its_remote_log(config, tmp_path: Path) -> None:
-    script = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
-              "print('up', flush=True); time.sleep(600)")
+    script = (
+        "import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+        "print('up', flush=True); time.sleep(600)"
+    )
     folder = tmp_path / "svc"
-    stubborn = ServiceSpec(name="stubborn", kind="worker", host="host-a", argv=(sys.executable, "-c", script), env={},
-                           cwd=str(folder), log=str(folder / "s.log"), pidfile=str(folder / "s.pid"),
-                           health=HttpHealth("http://127.0.0.1:1/"), stop_grace=1.0)
+    stubborn = ServiceSpec(
+        name="stubborn",
+        kind="worker",
+        host="host-a",
+        argv=(sys.executable, "-c", script),
+        env={},
+        cwd=str(folder),
+        log=str(folder / "s.log"),
+        pidfile=str(folder / "s.pid"),
+        health=HttpHealth("http://127.0.0.1:1/"),
+        stop_grace=1.0,
+    )
     with SshRunners(config[0]) as runners:
         runner = runners("host-a")
         proc = runner.spawn(stubborn)
@@ -188,10 +209,17 @@ def test_a_stubborn_service_tree_is_killed_and_a_dying_one_shows_its_remote_log(
         assert children, "the service started its child"
         assert runner.stop(stubborn, proc.pid) is True  # SIGTERM ignored: SIGKILL after the grace
         assert not alive(proc.pid) and not any(alive(c) for c in children), "the child in its own session too"
-        dying = ServiceSpec(name="dying", kind="worker", host="host-a",
-                            argv=(sys.executable, "-c", "print('cannot open the store: disk full'); raise SystemExit(3)"),
-                            env={}, cwd=str(folder), log=str(folder / "d.log"), pidfile=str(folder / "d.pid"),
-                            health=HttpHealth("http://127.0.0.1:1/"))
+        dying = ServiceSpec(
+            name="dying",
+            kind="worker",
+            host="host-a",
+            argv=(sys.executable, "-c", "print('cannot open the store: disk full'); raise SystemExit(3)"),
+            env={},
+            cwd=str(folder),
+            log=str(folder / "d.log"),
+            pidfile=str(folder / "d.pid"),
+            health=HttpHealth("http://127.0.0.1:1/"),
+        )
         with pytest.raises(H3FlowError, match=r"dying exited while starting; last lines of .*d.log: .*disk full"):
             bring_up([dying], runners, timeout=30, console=quiet)
 
@@ -223,25 +251,36 @@ def test_files_are_written_atomically_with_their_mode_and_left_alone_when_equal(
 def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> None:
     cfg, path = config
     specs = {s.name: s for s in remote_specs(cfg, path)}
-    assert list(specs) == ["prefect-server", "worker-h3-a0", "worker-h3-a1", "worker-h3-b", "worker-h3-control",
-                           "receiver-host-b"]
+    assert list(specs) == [
+        "prefect-server",
+        "worker-h3-a0",
+        "worker-h3-a1",
+        "worker-h3-b",
+        "worker-h3-control",
+        "receiver-host-b",
+    ]
     root_a = Path(cfg.hosts["host-a"].storage.root)
     server = specs["prefect-server"]
     assert server.host == "host-a" and server.argv[0] == f"{sys.prefix}/bin/prefect"
     assert server.env["PREFECT_HOME"] == str(root_a / "prefect-home")
-    assert server.env["PREFECT_API_DATABASE_CONNECTION_URL"] == f"sqlite+aiosqlite:///{root_a / 'prefect-home' / 'prefect.db'}"
+    assert (
+        server.env["PREFECT_API_DATABASE_CONNECTION_URL"]
+        == f"sqlite+aiosqlite:///{root_a / 'prefect-home' / 'prefect.db'}"
+    )
     worker = specs["worker-h3-b"]
     root_b = Path(cfg.hosts["host-b"].storage.root)
     assert worker.log == str(root_b / "services" / "worker-h3-b.log") and worker.cwd == str(root_b / "services")
     assert worker.env["PATH"] == f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    assert worker.env["H3FLOW_CONFIG"] == str(path.resolve()) and worker.env["PREFECT_HOME"] == str(root_b / "prefect-home")
+    assert worker.env["H3FLOW_CONFIG"] == str(path.resolve()) and worker.env["PREFECT_HOME"] == str(
+        root_b / "prefect-home"
+    )
     assert specs["worker-h3-a0"].env["H3_MP_RETAIN_CPU_WEIGHTS"] == "1"
     assert specs["receiver-host-b"].argv[-2:] == ("--secret-file", cfg.transfer.secret.path)
 
 
 # --------------------------------------------------------------------------- patches and node pack on a host
 def test_patches_check_and_apply_on_a_host(config, tmp_path: Path) -> None:
-    cfg, path = config
+    _cfg, path = config
     tree = tmp_path / "remote ComfyUI"
     build_tree(tree, COMFY)
     args = ["patches", "check", "--host", "host-b", "--comfy-dir", str(tree), "--config", str(path)]
@@ -253,7 +292,9 @@ def test_patches_check_and_apply_on_a_host(config, tmp_path: Path) -> None:
     assert cli.invoke(app, args).exit_code == 0
     again = cli.invoke(app, ["patches", "apply", *args[2:]])
     assert "already applied, left alone" in again.output
-    wrong = cli.invoke(app, ["patches", "check", "--host", "host-b", "--comfy-dir", str(tmp_path), "--config", str(path)])
+    wrong = cli.invoke(
+        app, ["patches", "check", "--host", "host-b", "--comfy-dir", str(tmp_path), "--config", str(path)]
+    )
     assert wrong.exit_code == 2 and "comfy/ldm/minimax/model.py hunk #1: file not found" in wrong.output
     nothing = cli.invoke(app, ["patches", "check", "--host", "host-b", "--config", str(path)])
     assert nothing.exit_code == 2 and "host 'host-b' has no comfy_dir or raylight_dir in local.json" in nothing.output
@@ -292,9 +333,11 @@ def test_start_and_stop_without_local_go_over_ssh_and_name_an_unreachable_host(s
     assert local.exit_code == 2 and "no work_dir" in local.output
 
 
-def test_a_prefect_api_served_by_others_is_used_and_one_nowhere_is_a_clear_error(sshd: SshServer, tmp_path: Path) -> None:
+def test_a_prefect_api_served_by_others_is_used_and_one_nowhere_is_a_clear_error(
+    sshd: SshServer, tmp_path: Path
+) -> None:
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"true")
@@ -311,7 +354,10 @@ def test_a_prefect_api_served_by_others_is_used_and_one_nowhere_is_a_clear_error
         out = io.StringIO()
         with SshRunners(cfg) as runners:
             assert _served_elsewhere(spec, runners, Console(file=out, highlight=False, width=200)) is True
-        assert "prefect-server     already served (/api/health → true; not started by h3flow: left alone)" in out.getvalue()
+        assert (
+            "prefect-server     already served (/api/health → true; not started by h3flow: left alone)"
+            in out.getvalue()
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -22,7 +22,9 @@ from h3flow.core.errors import H3FlowError
 from .multigpu import MultiGPUEncoder, parse_gpus
 
 
-def load_multigpu_clip(clip_name: str, clip_type: str, gpus: str, reserve_bytes: int, offload_after_encode: bool) -> Any:
+def load_multigpu_clip(
+    clip_name: str, clip_type: str, gpus: str, reserve_bytes: int, offload_after_encode: bool
+) -> Any:
     import comfy.sd
     import folder_paths
 

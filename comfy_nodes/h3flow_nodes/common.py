@@ -122,7 +122,11 @@ def save_handoff(samples: Any, path: Path, meta: dict[str, str], masks: dict[str
 def load_handoff(path: Path, expected_sha256: str | None) -> tuple[Any, dict[str, str], dict[str, torch.Tensor]]:
     """``.h3latent`` → (samples, meta, masks), the SHA-256 checked when one is given."""
     latent = load_latent(path, expected_sha256=expected_sha256 or None)
-    return make_samples(latent.video.float(), None if latent.audio is None else latent.audio.float()), latent.meta, latent.masks
+    return (
+        make_samples(latent.video.float(), None if latent.audio is None else latent.audio.float()),
+        latent.meta,
+        latent.masks,
+    )
 
 
 def parse_meta(text: str) -> dict[str, str]:
@@ -157,7 +161,9 @@ def _flatten(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         if not all(isinstance(k, str) for k in value):
             raise H3FlowError(f"conditioning {where}: only string keys can be saved")
         return {"__dict__": {k: _flatten(v, tensors, f"{where}.{k}") for k, v in value.items()}}
-    raise H3FlowError(f"conditioning {where}: a {type(value).__name__} cannot be saved (tensors, numbers, strings only)")
+    raise H3FlowError(
+        f"conditioning {where}: a {type(value).__name__} cannot be saved (tensors, numbers, strings only)"
+    )
 
 
 def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -222,7 +228,9 @@ def load_structured(data: bytes, path: Path) -> Any:
     except H3FlowError:
         raise
     except Exception as exc:  # noqa: BLE001 - safetensors' and json's own errors
-        raise H3FlowError(f"conditioning {path}: not a readable h3flow conditioning file ({str(exc).splitlines()[0]})") from None
+        raise H3FlowError(
+            f"conditioning {path}: not a readable h3flow conditioning file ({str(exc).splitlines()[0]})"
+        ) from None
 
 
 def save_conditioning_any(path: Path, cond: Any) -> str:
@@ -271,7 +279,9 @@ def reference_sample(cond: Any, seed: int, steps: int, progress: Any = None) -> 
     return video, audio
 
 
-def reference_decode(video: torch.Tensor, audio: torch.Tensor, meta: dict[str, str], *, int8: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+def reference_decode(
+    video: torch.Tensor, audio: torch.Tensor, meta: dict[str, str], *, int8: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Latents → (IMAGE float [F,H,W,3] in 0..1, waveform [1,2,N], sample rate), as the local engine decodes."""
     from h3flow.core.specs import AUDIO_RATE, FPS, latent_frames
     from h3flow.engines.local import frames_of
@@ -324,4 +334,4 @@ def save_video_aac(path: Path, images: torch.Tensor, audio: dict[str, Any], fps:
         for start in range(0, images.shape[0], step):
             yield images[start : start + step].mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
 
-    return mux_mp4(path, chunks(), wave, fps=int(round(fps)), sample_rate=AUDIO_RATE).sha256
+    return mux_mp4(path, chunks(), wave, fps=round(fps), sample_rate=AUDIO_RATE).sha256

@@ -131,12 +131,14 @@ def place_units(
     _move_rest(root, [m for _, m in units], devs[0])
     where: dict[str, torch.device] = {}
     placement = Placement(where, part)
-    for (name, module), gpu in zip(units, part.assignment):
+    for (name, module), gpu in zip(units, part.assignment, strict=False):
         device = devs[gpu]
         module.to(device)
         where[name] = device
 
-        def pre_hook(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], _device: torch.device = device) -> Any:
+        def pre_hook(
+            _mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], _device: torch.device = device
+        ) -> Any:
             return _move(args, _device), _move(kwargs, _device)
 
         placement.handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -211,7 +213,9 @@ class MultiGPUEncoder:
             self.module = self._load()
             self.loads += 1
         if self.placement is None:
-            self.placement = place_units(self.module, self.devices, self._free_bytes(self.devices), reserve_bytes=self.reserve_bytes)
+            self.placement = place_units(
+                self.module, self.devices, self._free_bytes(self.devices), reserve_bytes=self.reserve_bytes
+            )
         return self.module
 
     def offload(self) -> OffloadResult:

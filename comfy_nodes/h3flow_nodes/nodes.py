@@ -62,9 +62,21 @@ class H3MultiGPUCLIPLoader:
             "required": {
                 "clip_name": (_text_encoder_files(),),
                 "type": (MINIMAX_CLIP_TYPES, {"default": "minimax"}),
-                "gpus": ("STRING", {"default": "0,1,2,3", "tooltip": "GPU indices to spread the encoder over (empty: all)."}),
-                "reserve_mb": ("INT", {"default": 1536, "min": 0, "max": 65536, "tooltip": "Kept free on each GPU for activations."}),
-                "offload_after_encode": ("BOOLEAN", {"default": True, "tooltip": "Weights to CPU after encoding; H3_MP_RETAIN_CPU_WEIGHTS=1 keeps that copy, else it is freed."}),
+                "gpus": (
+                    "STRING",
+                    {"default": "0,1,2,3", "tooltip": "GPU indices to spread the encoder over (empty: all)."},
+                ),
+                "reserve_mb": (
+                    "INT",
+                    {"default": 1536, "min": 0, "max": 65536, "tooltip": "Kept free on each GPU for activations."},
+                ),
+                "offload_after_encode": (
+                    "BOOLEAN",
+                    {
+                        "default": True,
+                        "tooltip": "Weights to CPU after encoding; H3_MP_RETAIN_CPU_WEIGHTS=1 keeps that copy, else it is freed.",
+                    },
+                ),
             }
         }
 
@@ -84,7 +96,12 @@ class H3SaveConditioning:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {"required": {"conditioning": ("CONDITIONING",), "path": ("STRING", {"default": "h3flow/conditioning.safetensors"})}}
+        return {
+            "required": {
+                "conditioning": ("CONDITIONING",),
+                "path": ("STRING", {"default": "h3flow/conditioning.safetensors"}),
+            }
+        }
 
     RETURN_TYPES = ()
     FUNCTION = "save"
@@ -128,7 +145,12 @@ class H3LatentHandoffSave:
                 "samples": ("LATENT",),
                 "path": ("STRING", {"default": "h3flow/latent.h3latent"}),
             },
-            "optional": {"meta": ("STRING", {"default": "{}", "multiline": True, "tooltip": "JSON object: clip_id, seed, spec ..."})},
+            "optional": {
+                "meta": (
+                    "STRING",
+                    {"default": "{}", "multiline": True, "tooltip": "JSON object: clip_id, seed, spec ..."},
+                )
+            },
         }
 
     RETURN_TYPES = ()
@@ -209,7 +231,10 @@ class H3ReferenceEncode:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "image": ("STRING", {"default": "", "tooltip": "Input-folder name (subfolder/name, as LoadImage) or a path."}),
+                "image": (
+                    "STRING",
+                    {"default": "", "tooltip": "Input-folder name (subfolder/name, as LoadImage) or a path."},
+                ),
                 "prompt": ("STRING", {"multiline": True, "default": ""}),
                 "spec": (list(SPECS), {"default": "sd"}),
                 "frames": ("INT", {"default": 124, "min": 5, "max": 3600, "step": 1}),

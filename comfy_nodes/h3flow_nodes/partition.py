@@ -33,7 +33,10 @@ class Partition:
     @property
     def max_fill(self) -> float:
         """The highest load / capacity over the GPUs (what the split minimises)."""
-        return max((l / c if c else (0.0 if l == 0 else float("inf"))) for l, c in zip(self.load, self.capacity))
+        return max(
+            (load / cap if cap else (0.0 if load == 0 else float("inf")))
+            for load, cap in zip(self.load, self.capacity, strict=True)
+        )
 
     def ranges(self) -> list[tuple[int, int]]:
         """Per GPU, the half-open range of layer indices it holds ((i, i) when none)."""
@@ -67,10 +70,12 @@ def partition_layers(
         raise H3FlowError("nothing to partition onto: no GPU given")
     if any(s < 0 for s in sizes):
         raise H3FlowError("layer sizes must be >= 0")
-    reserves = [int(reserve_bytes)] * len(free_bytes) if isinstance(reserve_bytes, int) else [int(r) for r in reserve_bytes]
+    reserves = (
+        [int(reserve_bytes)] * len(free_bytes) if isinstance(reserve_bytes, int) else [int(r) for r in reserve_bytes]
+    )
     if len(reserves) != len(free_bytes):
         raise H3FlowError(f"{len(reserves)} reserve values for {len(free_bytes)} GPUs")
-    capacity = [max(0, int(f) - r) for f, r in zip(free_bytes, reserves)]
+    capacity = [max(0, int(f) - r) for f, r in zip(free_bytes, reserves, strict=False)]
     total = sum(sizes)
     if total > sum(capacity):
         raise H3FlowError(

@@ -29,7 +29,7 @@ def drift(old: Any, new: Any, path: str = "") -> list[str]:
                 out.extend(drift(old[key], new[key], sub))
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [line for i, (a, b) in enumerate(zip(old, new)) for line in drift(a, b, f"{path}[{i}]")]
+        return [line for i, (a, b) in enumerate(zip(old, new, strict=False)) for line in drift(a, b, f"{path}[{i}]")]
     if old != new:
         return [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
     return []
@@ -56,7 +56,7 @@ def run_config_adapt(
         if host_map is None:
             raise ConfigError("missing host map: h3flow config-adapt host-map.json (or --local)")
         if engine is not None:
-            raise ConfigError("--engine goes with --local; a host map sets its own \"engine\"")
+            raise ConfigError('--engine goes with --local; a host map sets its own "engine"')
         config = adapt(load_host_map(host_map), topology)
     fresh = render(config)
     if check:
@@ -85,14 +85,21 @@ def run_config_adapt(
 @operator_command
 def config_adapt(
     host_map: Annotated[Optional[Path], typer.Argument(help="host-map.json written by the operator.")] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the resolved config.")] = Path("local.json"),
-    topology: Annotated[Optional[str], typer.Option(help="Topology name (default: the host map's, else four_four_plus_one).")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Report drift against an existing local.json; write nothing.")] = False,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the resolved config.")] = Path(
+        "local.json"
+    ),
+    topology: Annotated[
+        Optional[str], typer.Option(help="Topology name (default: the host map's, else four_four_plus_one).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Report drift against an existing local.json; write nothing.")
+    ] = False,
     local: Annotated[bool, typer.Option("--local", help="The embedded default: every host is this machine.")] = False,
     workdir: Annotated[Path, typer.Option(help="Work dir for --local (stores, logs, Prefect home).")] = Path(".h3flow"),
     base_port: Annotated[int, typer.Option(help="First port tried for --local services.")] = 14200,
     engine: Annotated[
-        Optional[str], typer.Option(help="--local: run the stages in-process (local) or in one local ComfyUI per pool (comfy).")
+        Optional[str],
+        typer.Option(help="--local: run the stages in-process (local) or in one local ComfyUI per pool (comfy)."),
     ] = None,
 ) -> None:
     """Step 2: validate host-map.json and resolve it into local.json."""

@@ -78,7 +78,9 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
         if not keep:
             stop_services(config, config_path, console=console)
         else:
-            console.print(f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`")
+            console.print(
+                f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`"
+            )
 
 
 @app.command()
@@ -86,11 +88,14 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
 def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Leave the services running afterwards.")] = False,
     workdir: Annotated[
-        Optional[Path], typer.Option(help="Where the stores, logs, runs and Prefect's database go (.h3flow, or .h3flow-comfy).")
+        Optional[Path],
+        typer.Option(help="Where the stores, logs, runs and Prefect's database go (.h3flow, or .h3flow-comfy)."),
     ] = None,
     base_port: Annotated[int, typer.Option(help="First port tried for the local services.")] = 14200,
     batch: Annotated[Optional[Path], typer.Option(help="Another batch file instead of the example.")] = None,
-    engine: Annotated[str, typer.Option(help="local: stages in-process; comfy: in one local ComfyUI per pool.")] = "local",
+    engine: Annotated[
+        str, typer.Option(help="local: stages in-process; comfy: in one local ComfyUI per pool.")
+    ] = "local",
 ) -> None:
     """The embedded default end to end: local Prefect server, 6 clips, reference model, real MP4s."""
     raise typer.Exit(run_demo(workdir or default_workdir(engine), keep, base_port, batch or DEMO_BATCH, engine=engine))

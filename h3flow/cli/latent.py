@@ -32,12 +32,30 @@ def inspect_latent(file: Path, as_json: bool = False) -> None:
     header = read_header(file)
     sha, size = sha256_file(file), file.stat().st_size
     meta = header["__metadata__"]
-    tensors = {name: {"dtype": DTYPES[e["dtype"]][1], "shape": e["shape"],
-                      "bytes": e["data_offsets"][1] - e["data_offsets"][0]}
-               for name, e in header.items() if name != "__metadata__"}
+    tensors = {
+        name: {
+            "dtype": DTYPES[e["dtype"]][1],
+            "shape": e["shape"],
+            "bytes": e["data_offsets"][1] - e["data_offsets"][0],
+        }
+        for name, e in header.items()
+        if name != "__metadata__"
+    }
     if as_json:
-        print(json.dumps({"path": str(file), "sha256": sha, "size": size, "kind": latent_kind(header),
-                          "tensors": tensors, "metadata": meta}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "path": str(file),
+                    "sha256": sha,
+                    "size": size,
+                    "kind": latent_kind(header),
+                    "tensors": tensors,
+                    "metadata": meta,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
         return
     table = Table(title=f"{file} ({latent_kind(header)})", title_justify="left")
     for column in ("tensor", "dtype", "shape", "bytes"):
@@ -63,26 +81,49 @@ def verify_latent(file: Path, sha256: str | None = None) -> None:
     if sha256 is not None:
         sha256 = check_sha256(sha256.lower())
     latent = load_latent(file, expected_sha256=sha256)
-    shapes = f"video {list(latent.video.shape)}" + (f" audio {list(latent.audio.shape)}" if latent.audio is not None else "")
+    shapes = f"video {list(latent.video.shape)}" + (
+        f" audio {list(latent.audio.shape)}" if latent.audio is not None else ""
+    )
     console.print(f"ok {file} {shapes} sha256 {sha256 or sha256_file(file)}", soft_wrap=True)
 
 
-def transfer_file(file: Path, host: str, *, method: str, address: str | None, port: int | None,
-                  store_root: Path | None, ssh_alias: str | None, ssh_config: Path | None,
-                  secret_env: str | None, secret_file: Path | None, attempts: int, timeout: float) -> FileRef:
+def transfer_file(
+    file: Path,
+    host: str,
+    *,
+    method: str,
+    address: str | None,
+    port: int | None,
+    store_root: Path | None,
+    ssh_alias: str | None,
+    ssh_config: Path | None,
+    secret_env: str | None,
+    secret_file: Path | None,
+    attempts: int,
+    timeout: float,
+) -> FileRef:
     """Hash ``file``, send it with retries, print where it landed."""
     from h3flow.handoff.transfer import destination_from_options, secret_from_options, send_with_retry
 
     secret = secret_from_options(secret_env, secret_file) if method == "tcp" else None
-    dest = destination_from_options(host, method=method, store_root=store_root, address=address, port=port,
-                                    ssh_alias=ssh_alias, ssh_config=ssh_config, secret=secret)
+    dest = destination_from_options(
+        host,
+        method=method,
+        store_root=store_root,
+        address=address,
+        port=port,
+        ssh_alias=ssh_alias,
+        ssh_config=ssh_config,
+        secret=secret,
+    )
     try:
         ref = FileRef(file, sha256_file(file), file.stat().st_size)
     except OSError as exc:
         raise H3FlowError(f"cannot read {file}: {exc.strerror or exc}") from None
     remote = send_with_retry(ref, dest, attempts=attempts, timeout=timeout)
-    console.print(f"sent {file} → {host}:{remote.path} ({remote.size:,} bytes, sha256 {remote.sha256}, verified)",
-                  soft_wrap=True)
+    console.print(
+        f"sent {file} → {host}:{remote.path} ({remote.size:,} bytes, sha256 {remote.sha256}, verified)", soft_wrap=True
+    )
     return remote
 
 
@@ -95,8 +136,9 @@ def parse_bind(bind: str) -> tuple[str, int]:
     return address, int(port)
 
 
-def run_receiver(store: Path, bind: str, secret_env: str | None, secret_file: Path | None,
-                 max_bytes: int, min_free: int) -> None:
+def run_receiver(
+    store: Path, bind: str, secret_env: str | None, secret_file: Path | None, max_bytes: int, min_free: int
+) -> None:
     """The receiver service in the foreground until SIGTERM / SIGINT."""
     from h3flow.handoff.tcp import Receiver
     from h3flow.handoff.transfer import secret_from_options
@@ -141,8 +183,9 @@ def gc_store(store: Path, keep: list[str], keep_from: list[Path], dry_run: bool)
     from h3flow.handoff.store import LatentStore, check_sha256
 
     if not keep and not keep_from:
-        raise ConfigError("say what is still referenced (--keep SHA256 / --keep-from FILE): "
-                          "gc never empties a store by default")
+        raise ConfigError(
+            "say what is still referenced (--keep SHA256 / --keep-from FILE): gc never empties a store by default"
+        )
     referenced = {check_sha256(sha.lower()) for sha in keep}
     for source in keep_from:
         try:
@@ -183,7 +226,9 @@ def transfer(
     file: Annotated[Path, typer.Argument(help="The latent file to send.")],
     to: Annotated[str, typer.Option("--to", help="Destination host name.")],
     method: Annotated[str, typer.Option(help="tcp | sftp | local.")] = "tcp",
-    address: Annotated[Optional[str], typer.Option(help="tcp: the receiver's address (default: the host name).")] = None,
+    address: Annotated[
+        Optional[str], typer.Option(help="tcp: the receiver's address (default: the host name).")
+    ] = None,
     port: Annotated[Optional[int], typer.Option(help="tcp: the receiver's port.")] = None,
     store_root: Annotated[Optional[Path], typer.Option(help="The store root on the destination host.")] = None,
     ssh_alias: Annotated[Optional[str], typer.Option(help="sftp: SSH config alias (default: the host name).")] = None,
@@ -194,9 +239,20 @@ def transfer(
     timeout: Annotated[float, typer.Option(help="Seconds without progress before giving up.")] = 60.0,
 ) -> None:
     """Send a latent to another host's store, verified by SHA-256 (tcp | sftp | local)."""
-    transfer_file(file, to, method=method, address=address, port=port, store_root=store_root,
-                  ssh_alias=ssh_alias, ssh_config=ssh_config, secret_env=secret_env, secret_file=secret_file,
-                  attempts=attempts, timeout=timeout)
+    transfer_file(
+        file,
+        to,
+        method=method,
+        address=address,
+        port=port,
+        store_root=store_root,
+        ssh_alias=ssh_alias,
+        ssh_config=ssh_config,
+        secret_env=secret_env,
+        secret_file=secret_file,
+        attempts=attempts,
+        timeout=timeout,
+    )
 
 
 @app.command()
@@ -228,8 +284,10 @@ def store_verify(
 def store_gc(
     store: Annotated[Path, typer.Option(help="The store root.")],
     keep: Annotated[Optional[list[str]], typer.Option(help="A referenced SHA-256 (repeatable).")] = None,
-    keep_from: Annotated[Optional[list[Path]], typer.Option(help="A file whose SHA-256s are referenced, "
-                                                                 "e.g. a run manifest (repeatable).")] = None,
+    keep_from: Annotated[
+        Optional[list[Path]],
+        typer.Option(help="A file whose SHA-256s are referenced, e.g. a run manifest (repeatable)."),
+    ] = None,
     dry_run: Annotated[bool, typer.Option(help="Only list what would be removed.")] = False,
 ) -> None:
     """Remove store objects that no run references."""

@@ -14,15 +14,22 @@ from h3flow.core.errors import H3FlowError
 @nodes_app.command("install")
 @operator_command
 def nodes_install(
-    comfy_dir: Annotated[Optional[Path], typer.Option("--comfy-dir", help="A ComfyUI folder (or --base-directory); with --host, a path on that host.")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="A host of local.json (over SSH; its comfy_dir unless --comfy-dir).")] = None,
+    comfy_dir: Annotated[
+        Optional[Path],
+        typer.Option("--comfy-dir", help="A ComfyUI folder (or --base-directory); with --host, a path on that host."),
+    ] = None,
+    host: Annotated[
+        Optional[str], typer.Option("--host", help="A host of local.json (over SSH; its comfy_dir unless --comfy-dir).")
+    ] = None,
     link: Annotated[bool, typer.Option("--link", help="Symlink the pack instead of copying it (development).")] = False,
     config: Annotated[Path, typer.Option("--config", "-c", help="local.json (with --host).")] = Path("local.json"),
 ) -> None:
     """Install the h3flow node pack into a ComfyUI's custom_nodes (idempotent)."""
     if host is not None:
         if link:
-            raise H3FlowError("--link makes a symlink to this checkout: it cannot reach another host; drop it with --host")
+            raise H3FlowError(
+                "--link makes a symlink to this checkout: it cannot reach another host; drop it with --host"
+            )
         from h3flow.ops.remote import install_nodes_on_host
 
         status, target = install_nodes_on_host(config, host, str(comfy_dir) if comfy_dir else None)
@@ -36,13 +43,13 @@ def nodes_install(
     typer.echo(f"{PACK_NAME}: {status} in {Path(comfy_dir) / 'custom_nodes' / PACK_NAME}")
 
 
-
-
 @app.command()
 @operator_command
 def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    config: Annotated[Path, typer.Option("--config", "-c", help="The resolved config (local.json).")] = Path("local.json"),
+    config: Annotated[Path, typer.Option("--config", "-c", help="The resolved config (local.json).")] = Path(
+        "local.json"
+    ),
 ) -> None:
     """Step 4: check every host and service before work starts (exit 1 on any ✗)."""
     from h3flow.ops.preflight import run_preflight
@@ -53,7 +60,9 @@ def preflight(
 @app.command("start")
 @operator_command
 def start(
-    local: Annotated[bool, typer.Option("--local", help="The embedded default: every service on this machine.")] = False,
+    local: Annotated[
+        bool, typer.Option("--local", help="The embedded default: every service on this machine.")
+    ] = False,
     config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
 ) -> None:
     """Step 5: start the server, ComfyUI, workers and receivers on every host, over SSH (--local: this machine)."""
@@ -65,7 +74,9 @@ def start(
 @app.command("stop")
 @operator_command
 def stop(
-    local: Annotated[bool, typer.Option("--local", help="The embedded default: every service on this machine.")] = False,
+    local: Annotated[
+        bool, typer.Option("--local", help="The embedded default: every service on this machine.")
+    ] = False,
     config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
 ) -> None:
     """Stop what `start` started, by PID."""
@@ -79,7 +90,11 @@ RaylightDirOption = Annotated[
     Optional[Path], typer.Option(help="Raylight repository root (gets raylight-sm75-ulysses.patch).")
 ]
 PatchHostOption = Annotated[
-    Optional[str], typer.Option("--host", help="Do it on this host of local.json over SSH (dirs: paths there; default its comfy_dir / raylight_dir).")
+    Optional[str],
+    typer.Option(
+        "--host",
+        help="Do it on this host of local.json over SSH (dirs: paths there; default its comfy_dir / raylight_dir).",
+    ),
 ]
 PatchConfigOption = Annotated[Path, typer.Option("--config", "-c", help="local.json (with --host).")]
 

@@ -85,7 +85,9 @@ def run_plan(
     cands = candidates(hm, topology, prof)
     evals = [evaluate(c, plan_clips, prof, policy) for c in cands]
     base_cand = baseline(hm, prof)
-    same = [e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)]
+    same = [
+        e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)
+    ]
     base = same[0] if same else None
     if base is None:
         base = evaluate(base_cand, plan_clips, prof, policy)
@@ -101,7 +103,9 @@ def run_plan(
     }
     out = report_json(evals, base, rec, meta)
     if gantt:
-        target = next((e for e in evals if rec and e.name == rec.name), None) or next((e for e in evals if e.schedule), None)
+        target = next((e for e in evals if rec and e.name == rec.name), None) or next(
+            (e for e in evals if e.schedule), None
+        )
         if target is None or target.schedule is None:
             raise ConfigError("no feasible topology to draw")
         from h3flow.planner.gantt import draw
@@ -111,7 +115,13 @@ def run_plan(
             f"{target.schedule.makespan:.1f} s, {target.schedule.clips_per_hour:.2f} clips/h"
         )
         try:
-            draw(target.schedule, target.candidate.resources, gantt, title, target.bound.seconds if target.bound else None)  # type: ignore[arg-type]
+            draw(
+                target.schedule,
+                target.candidate.resources,
+                gantt,
+                title,
+                target.bound.seconds if target.bound else None,
+            )  # type: ignore[arg-type]
         except OSError as exc:
             raise ConfigError(f"--gantt {gantt}: cannot write: {exc}") from None
         out["gantt"] = {"topology": target.name, "path": str(gantt)}
@@ -126,7 +136,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> None:  # noqa: ANN001
+def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> None:
     console = Console(highlight=False)
     if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
         console = Console(highlight=False, width=160)
@@ -136,8 +146,14 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     )
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, justify in [
-        ("topology", "left"), ("makespan s", "right"), ("clips/h", "right"), ("vs baseline", "right"),
-        ("design RR clips/h", "right"), ("lower bound s", "right"), ("÷ LB", "right"), ("decoder idle", "left"),
+        ("topology", "left"),
+        ("makespan s", "right"),
+        ("clips/h", "right"),
+        ("vs baseline", "right"),
+        ("design RR clips/h", "right"),
+        ("lower bound s", "right"),
+        ("÷ LB", "right"),
+        ("decoder idle", "left"),
     ]:
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     rows = {r["topology"]: r for r in out["topologies"]}
@@ -147,9 +163,12 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     for ev in feasible:
         r = rows[ev.name]
         gain = r["gain_over_baseline"]
-        is_base = ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
+        is_base = (
+            ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
+        )
         idle = "  ".join(
-            f"{d} {pct:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)" for d, pct in r["decoder_idle_pct"].items()
+            f"{d} {pct:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)"
+            for d, pct in r["decoder_idle_pct"].items()
         )
         table.add_row(
             _label(ev, rec, out),
@@ -166,7 +185,9 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     for ev in feasible:
         r = rows[ev.name]
         encodes = {p.encoder for p in ev.candidate.resources.samplers if p.encoder != p.name}  # type: ignore[union-attr]
-        parts = [f"{k} {_pct(v)}" + (" (encodes for others)" if k in encodes else "") for k, v in r["utilisation"].items()]
+        parts = [
+            f"{k} {_pct(v)}" + (" (encodes for others)" if k in encodes else "") for k, v in r["utilisation"].items()
+        ]
         console.print(f"  {ev.name:<{width}}" + " · ".join(parts), soft_wrap=True)
     shown = infeasible if len(infeasible) <= 8 else infeasible[:3]
     for ev in shown:
@@ -186,7 +207,7 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
         console.print(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}", soft_wrap=True)
 
 
-def _label(ev: Evaluation, rec, out: dict) -> str:  # noqa: ANN001
+def _label(ev: Evaluation, rec, out: dict) -> str:
     name = ev.name
     if rec and ev.name == rec.name:
         name += " ★"
@@ -202,20 +223,34 @@ def plan(
     batch: Annotated[Optional[Path], typer.Option(help="Plan the clips of this batch file instead.")] = None,
     clips: Annotated[Optional[int], typer.Option(help="How many clips of --spec (default 6, the design's).")] = None,
     topology: Annotated[
-        str, typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition.")
+        str,
+        typer.Option(help="A topology (four_four_plus_one, 4+2+2+xtx), 'all' named ones, or 'search' every partition."),
     ] = "all",
     profile: Annotated[Optional[Path], typer.Option(help="Stage-time profile TOML (default: the shipped one).")] = None,
     threshold: Annotated[float, typer.Option(help="Extra hardware must add at least this share of clips/h.")] = 0.15,
-    gantt: Annotated[Optional[Path], typer.Option(help="Write the recommended topology's Gantt chart here (PNG).")] = None,
+    gantt: Annotated[
+        Optional[Path], typer.Option(help="Write the recommended topology's Gantt chart here (PNG).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     host_map: Annotated[Optional[Path], typer.Option("--host-map", help="The hardware, as a host-map.json.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")
+    ] = None,
     policy: Annotated[str, typer.Option(help="best | earliest-finish | design (the design's round-robin).")] = "best",
 ) -> None:
     """Step 3: simulate topologies offline and recommend one (Gantt chart, lower bound)."""
     run_plan(
-        spec=spec, batch=batch, clips=clips, topology=topology, profile=profile, threshold=threshold,
-        gantt=gantt, as_json=json_out, host_map=host_map, config=config, policy=policy,
+        spec=spec,
+        batch=batch,
+        clips=clips,
+        topology=topology,
+        profile=profile,
+        threshold=threshold,
+        gantt=gantt,
+        as_json=json_out,
+        host_map=host_map,
+        config=config,
+        policy=policy,
     )
 
 
@@ -223,7 +258,9 @@ def plan(
 @operator_command
 def calibrate(
     run_ids: Annotated[list[str], typer.Argument(help="Finished runs to learn stage times from.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The calibrated profile (TOML).")] = Path("profile.toml"),
+    output: Annotated[Path, typer.Option("-o", "--output", help="The calibrated profile (TOML).")] = Path(
+        "profile.toml"
+    ),
     base: Annotated[Optional[Path], typer.Option(help="Profile to start from (default: the shipped one).")] = None,
     config: ConfigOpt = Path("local.json"),
 ) -> None:

@@ -23,7 +23,15 @@ from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import H3FlowError
 from h3flow.core.fsutil import atomic_write_json
-from h3flow.pipeline.manifest import Manifest, load_manifest, new_manifest, new_run_id, run_dir, save_manifest
+from h3flow.pipeline.manifest import (
+    ClipRecord,
+    Manifest,
+    load_manifest,
+    new_manifest,
+    new_run_id,
+    run_dir,
+    save_manifest,
+)
 from h3flow.pipeline.run_report import summary
 
 STATE_STYLE = {
@@ -56,14 +64,16 @@ def submit(config: LocalConfig, config_path: Path, manifest: Manifest, batch_fil
     try:
         with prefect_api(config):
             run = run_deployment(
-            "batch/run",
+                "batch/run",
                 parameters={"batch": batch_file, "run_id": manifest.run_id, "config_path": str(config_path.resolve())},
                 timeout=0,
                 as_subflow=False,
                 flow_run_name=manifest.run_id,
             )
     except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
-        raise H3FlowError(f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)") from None
+        raise H3FlowError(
+            f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)"
+        ) from None
     return str(run.id)
 
 
@@ -163,17 +173,24 @@ def print_status(manifest: Manifest) -> None:
     table = Table(title=f"run {manifest.run_id} — {manifest.state}", header_style="bold")
     for column in ("clip", "spec", "pool", "state", "encode", "sample", "transfer", "decode", "output / error"):
         table.add_column(column)
-    for rec in manifest.clips.values():
-        def cell(stage: str) -> str:
-            got = rec.stages.get(stage)
-            if got is None or got.seconds is None:
-                return "·"
-            return "cached" if got.cached else f"{got.seconds:.1f}s"
 
+    def cell(rec: ClipRecord, stage: str) -> str:
+        got = rec.stages.get(stage)
+        if got is None or got.seconds is None:
+            return "·"
+        return "cached" if got.cached else f"{got.seconds:.1f}s"
+
+    for rec in manifest.clips.values():
         style = STATE_STYLE[rec.state]
         table.add_row(
-            rec.clip.id, rec.clip.spec, rec.pool or "·", f"[{style}]{rec.state}[/]",
-            cell("encode"), cell("sample"), cell("transfer"), cell("decode"),
+            rec.clip.id,
+            rec.clip.spec,
+            rec.pool or "·",
+            f"[{style}]{rec.state}[/]",
+            cell(rec, "encode"),
+            cell(rec, "sample"),
+            cell(rec, "transfer"),
+            cell(rec, "decode"),
             rec.output or rec.error or "",
         )
     console.print(table)
@@ -188,7 +205,9 @@ def finish(manifest: Manifest) -> int:
     if not failed and manifest.state == "completed":
         console.print(f"[green]✓[/] run {manifest.run_id}: {len(manifest.clips)} clips delivered")
         return 0
-    console.print(f"[red]✗[/] run {manifest.run_id}: {manifest.state}" + (f" — {manifest.error}" if manifest.error else ""))
+    console.print(
+        f"[red]✗[/] run {manifest.run_id}: {manifest.state}" + (f" — {manifest.error}" if manifest.error else "")
+    )
     for rec in failed:
         console.print(f"  {rec.clip.id}: {rec.state}" + (f" — {rec.error}" if rec.error else ""))
     return 1
@@ -206,8 +225,12 @@ def as_json(manifest: Manifest) -> dict[str, Any]:
 @operator_command
 def deploy(
     config: ConfigOpt = Path("local.json"),
-    yaml_only: Annotated[Optional[Path], typer.Option("--yaml-only", help="Only write prefect.yaml here; contact no server.")] = None,
-    source_dir: Annotated[Optional[Path], typer.Option(help="Where h3flow's source lives on the workers' hosts.")] = None,
+    yaml_only: Annotated[
+        Optional[Path], typer.Option("--yaml-only", help="Only write prefect.yaml here; contact no server.")
+    ] = None,
+    source_dir: Annotated[
+        Optional[Path], typer.Option(help="Where h3flow's source lives on the workers' hosts.")
+    ] = None,
 ) -> None:
     """Create work pools, deployments, blocks and prefect.yaml from local.json."""
 

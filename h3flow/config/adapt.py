@@ -107,9 +107,7 @@ def resolve_pools(hm: HostMap, topo: Topology) -> list[Pool]:
     main = main_sampler_host(hm)
     gpus = sorted(main.gpus, key=lambda g: g.index)
     if topo.gpus_used > len(gpus):
-        raise ConfigError(
-            f"topology {topo.name!r} needs {topo.gpus_used} GPUs on {main.name!r}, which has {len(gpus)}"
-        )
+        raise ConfigError(f"topology {topo.name!r} needs {topo.gpus_used} GPUs on {main.name!r}, which has {len(gpus)}")
     if "encode" not in main.roles:
         raise ConfigError(f"main sampler host {main.name!r} has no 'encode' role: nothing can encode")
     pools: list[Pool] = []
@@ -124,7 +122,9 @@ def resolve_pools(hm: HostMap, topo: Topology) -> list[Pool]:
     extras = [h for h in hm.hosts if "sample" in h.roles and h is not main]
     if topo.extra_samplers:
         if not extras:
-            raise ConfigError(f"topology {topo.name!r} adds an extra sampler (xtx) but no other host has the 'sample' role")
+            raise ConfigError(
+                f"topology {topo.name!r} adds an extra sampler (xtx) but no other host has the 'sample' role"
+            )
         for host in extras:
             own_encoder = None if "encode" in host.roles else encoder
             pools.append(_pool(hm, host, short_name(host.name), "sample", host.gpus, host.comfy_port, own_encoder))
@@ -277,8 +277,15 @@ def local_host_map(
             api_url=f"http://127.0.0.1:{prefect_port}/api",
             schedule=Schedule(cron="0 3 * * *", timezone="UTC", inbox=str(wd / "inbox")),
         ),
-        model=Model(kind="reference", text_encoder="reference", dit="reference", lora=None, vae="reference-int8",
-                    dit_vram_gb=0.1, vae_vram_gb=0.1),
+        model=Model(
+            kind="reference",
+            text_encoder="reference",
+            dit="reference",
+            lora=None,
+            vae="reference-int8",
+            dit_vram_gb=0.1,
+            vae_vram_gb=0.1,
+        ),
         hosts=[
             host("host-a", ["encode", "sample"], cpu, comfy_a),
             host("host-b", ["decode"], [Gpu(index=0, model="cpu", vram_gb=1, arch="cpu")], comfy_b),
@@ -294,9 +301,7 @@ def local_host_map(
 
 def host_map_of(config: LocalConfig) -> HostMap:
     """The hardware a local.json describes, as a host map (so `plan` can try other topologies)."""
-    links = {
-        frozenset((r.source, r.target)): (r.rtt_ms, r.gbit_s) for r in config.routes if r.source != r.target
-    }
+    links = {frozenset((r.source, r.target)): (r.rtt_ms, r.gbit_s) for r in config.routes if r.source != r.target}
     return HostMap(
         engine=config.engine,
         topology=config.topology,
@@ -320,7 +325,10 @@ def host_map_of(config: LocalConfig) -> HostMap:
             )
             for h in config.hosts.values()
         ],
-        links=[Link(hosts=tuple(sorted(k)), rtt_ms=v[0], gbit_s=v[1]) for k, v in sorted(links.items(), key=lambda kv: sorted(kv[0]))],  # type: ignore[arg-type]
+        links=[
+            Link(hosts=tuple(sorted(k)), rtt_ms=v[0], gbit_s=v[1])
+            for k, v in sorted(links.items(), key=lambda kv: sorted(kv[0]))
+        ],  # type: ignore[arg-type]
         transfer=config.transfer,
         runs_dir=config.runs_dir,
     )

@@ -73,7 +73,7 @@ class Host(Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _gpus_unique(self) -> "Host":
+    def _gpus_unique(self) -> Host:
         seen: set[int] = set()
         for gpu in self.gpus:
             if gpu.index in seen:
@@ -101,7 +101,7 @@ class SecretSource(Strict):
     path: str | None = Field(None, description="file holding the secret (source: file)")
 
     @model_validator(mode="after")
-    def _file_has_path(self) -> "SecretSource":
+    def _file_has_path(self) -> SecretSource:
         if self.source == "file" and not self.path:
             raise ValueError("secret source 'file' needs a path")
         return self
@@ -153,7 +153,7 @@ class HostMap(Strict):
     runs_dir: str = "runs"
 
     @model_validator(mode="after")
-    def _references_resolve(self) -> "HostMap":
+    def _references_resolve(self) -> HostMap:
         names = [h.name for h in self.hosts]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

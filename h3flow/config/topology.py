@@ -61,6 +61,4 @@ def parse_topology(name: str) -> Topology:
         if bad:
             raise ConfigError(f"topology {name!r}: pool size {bad[0]} is not a Ulysses degree {ULYSSES_DEGREES}")
         return Topology(name, sizes, extra)
-    raise ConfigError(
-        f"unknown topology {name!r} (named: {', '.join(NAMED)}; or sizes like 4+2+2 or 4+4+xtx)"
-    )
+    raise ConfigError(f"unknown topology {name!r} (named: {', '.join(NAMED)}; or sizes like 4+2+2 or 4+4+xtx)")

@@ -68,7 +68,7 @@ class Batch(BaseModel):
     clips: list[Clip] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _ids_unique(self) -> "Batch":
+    def _ids_unique(self) -> Batch:
         seen: set[str] = set()
         for clip in self.clips:
             if clip.id in seen:

@@ -26,7 +26,7 @@ class FileRef:
         return {"path": str(self.path), "sha256": self.sha256, "size": self.size}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FileRef":
+    def from_json(cls, data: dict[str, Any]) -> FileRef:
         return cls(Path(data["path"]), str(data["sha256"]), int(data["size"]))
 
 

@@ -34,7 +34,9 @@ def comfy_params(model: Model, pool: Pool) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(engine: str, comfy_url: str, degree: int, reference: bool, retain: bool, variant: str, params: str) -> Engine:
+def _cached(
+    engine: str, comfy_url: str, degree: int, reference: bool, retain: bool, variant: str, params: str
+) -> Engine:
     if engine == "local":
         from h3flow.engines.local import LocalEngine
 

@@ -133,8 +133,13 @@ class ComfyEngine:
             meta = latent_meta(clip, cond_sha, degree=1)
         else:
             meta = {
-                "clip_id": clip.id, "seed": str(clip.seed), "steps": str(clip.steps), "spec": clip.spec,
-                "frames": str(clip.frames), "fps": str(FPS), "conditioning_sha256": cond_sha,
+                "clip_id": clip.id,
+                "seed": str(clip.seed),
+                "steps": str(clip.steps),
+                "spec": clip.spec,
+                "frames": str(clip.frames),
+                "fps": str(FPS),
+                "conditioning_sha256": cond_sha,
                 "sampler": f"{self.params.get('sampler_name', 'euler')}-{self.params.get('scheduler', 'simple')}",
                 "model": str(self.params.get("unet_name", "minimax_h3_fl2va_pruned_int8_convrot.safetensors")),
             }
@@ -182,13 +187,17 @@ class ComfyEngine:
     def _collect(self, result: RunResult, kind: str, out_path: Path, stage: str) -> FileRef:
         reported = [ref for out in result.outputs.values() for ref in out.get(FILES_KEY, []) if ref.get("kind") == kind]
         if len(reported) != 1:
-            raise H3FlowError(f"ComfyUI at {self.base_url}: the {stage} workflow reported {len(reported)} {kind} files, expected 1")
+            raise H3FlowError(
+                f"ComfyUI at {self.base_url}: the {stage} workflow reported {len(reported)} {kind} files, expected 1"
+            )
         ref = reported[0]
         path = Path(ref["path"])
         if path.resolve() != out_path.resolve():
             raise H3FlowError(f"ComfyUI wrote the {kind} to {path}, expected {out_path}")
         if not path.is_file():
-            raise H3FlowError(f"ComfyUI reported {path} but it is not on this host (engine and ComfyUI must share a filesystem)")
+            raise H3FlowError(
+                f"ComfyUI reported {path} but it is not on this host (engine and ComfyUI must share a filesystem)"
+            )
         actual = sha256_file(path)
         if actual != ref["sha256"]:
             raise IntegrityError(f"{path}: SHA-256 {actual} on disk, ComfyUI reported {ref['sha256']}")

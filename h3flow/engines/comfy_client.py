@@ -108,7 +108,9 @@ class ComfyClient:
         if response.status_code >= 500:
             raise TransientError(f"ComfyUI at {self.base_url}: {method} {path} gave HTTP {response.status_code}")
         if response.status_code >= 400:
-            raise H3FlowError(f"ComfyUI at {self.base_url}: {method} {path} gave HTTP {response.status_code}: {response.text[:300]}")
+            raise H3FlowError(
+                f"ComfyUI at {self.base_url}: {method} {path} gave HTTP {response.status_code}: {response.text[:300]}"
+            )
         return response.json() if response.content else None
 
     def object_info(self) -> dict[str, Any]:
@@ -170,14 +172,18 @@ class ComfyClient:
         try:
             data = response.json()
         except json.JSONDecodeError:
-            raise H3FlowError(f"ComfyUI at {self.base_url}: POST /prompt gave HTTP {response.status_code}: {response.text[:300]}") from None
+            raise H3FlowError(
+                f"ComfyUI at {self.base_url}: POST /prompt gave HTTP {response.status_code}: {response.text[:300]}"
+            ) from None
         if response.status_code >= 400 or data.get("node_errors"):
             err = data.get("error") or {}
             head = err.get("message", "invalid prompt") if isinstance(err, dict) else str(err)
             detail = summarize_node_errors(data.get("node_errors") or {})
             if not detail and isinstance(err, dict):
                 detail = str(err.get("details", ""))
-            raise H3FlowError(f"ComfyUI at {self.base_url} rejected the prompt: {head}" + (f": {detail}" if detail else ""))
+            raise H3FlowError(
+                f"ComfyUI at {self.base_url} rejected the prompt: {head}" + (f": {detail}" if detail else "")
+            )
         return str(data["prompt_id"])
 
     def _connect(self) -> ClientConnection:
@@ -208,12 +214,18 @@ class ComfyClient:
             try:
                 self._follow(ws, pid, deadline, events, on_event)
             except (ConnectionClosed, OSError) as exc:
-                raise TransientError(f"ComfyUI at {self.base_url}: connection lost while running prompt {pid}: {exc}") from exc
+                raise TransientError(
+                    f"ComfyUI at {self.base_url}: connection lost while running prompt {pid}: {exc}"
+                ) from exc
             except TimeoutError:
-                raise TransientError(f"ComfyUI at {self.base_url}: prompt {pid} did not finish within {limit:.0f} s") from None
+                raise TransientError(
+                    f"ComfyUI at {self.base_url}: prompt {pid} did not finish within {limit:.0f} s"
+                ) from None
         return RunResult(pid, self._finished_history(pid, deadline), events)
 
-    def _follow(self, ws: ClientConnection, pid: str, deadline: float, events: list[Event], on_event: EventHandler | None) -> None:
+    def _follow(
+        self, ws: ClientConnection, pid: str, deadline: float, events: list[Event], on_event: EventHandler | None
+    ) -> None:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -265,7 +277,7 @@ class ComfyClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "ComfyClient":
+    def __enter__(self) -> ComfyClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,7 @@ from h3flow.handoff.format import H3Latent, load_latent, save_latent
 from h3flow.media.mux import mux_mp4
 from h3flow.reference.audio import decode_audio
 from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning, save_conditioning
-from h3flow.reference.meta import DenoiserConfig, latent_meta  # noqa: F401 - latent_meta: re-exported
+from h3flow.reference.meta import DenoiserConfig, latent_meta
 from h3flow.reference.sampler import sample_shards
 from h3flow.reference.ulysses import ParallelContext, check_degree, run_parallel
 from h3flow.reference.vae import PatchEncoder, decode_video, make_decoder
@@ -54,7 +54,14 @@ def sample_to_file(
 
 
 def _sample_worker(
-    ctx: ParallelContext, cond_path: str, cond_sha: str, out_path: str, meta: dict[str, str], seed: int, steps: int, frames: int
+    ctx: ParallelContext,
+    cond_path: str,
+    cond_sha: str,
+    out_path: str,
+    meta: dict[str, str],
+    seed: int,
+    steps: int,
+    frames: int,
 ) -> None:
     """One rank of sampling: every rank loads (and verifies) the conditioning; rank 0 writes."""
     cond = load_conditioning(cond_path, cond_sha)
@@ -135,7 +142,9 @@ class LocalEngine:
                 self._encoder = None
             if on_device:
                 torch.cuda.empty_cache()
-        return OffloadReport(freed_bytes=freed, free_per_device=_free_bytes(self.device), kept_cpu_copy=self.retain_cpu_weights)
+        return OffloadReport(
+            freed_bytes=freed, free_per_device=_free_bytes(self.device), kept_cpu_copy=self.retain_cpu_weights
+        )
 
     def sample(self, clip: Clip, conditioning: FileRef, out_path: Path) -> FileRef:
         cond = load_conditioning(conditioning.path, conditioning.sha256)
@@ -146,8 +155,15 @@ class LocalEngine:
             raise H3FlowError(f"conditioning {conditioning.path} was encoded for {got}, clip {clip.id!r} needs {want}")
         meta = latent_meta(clip, conditioning.sha256, degree=self.degree)
         return sample_to_file(
-            Path(conditioning.path), conditioning.sha256, Path(out_path), meta,
-            seed=clip.seed, steps=clip.steps, frames=clip.frames, degree=self.degree, device=self.device,
+            Path(conditioning.path),
+            conditioning.sha256,
+            Path(out_path),
+            meta,
+            seed=clip.seed,
+            steps=clip.steps,
+            frames=clip.frames,
+            degree=self.degree,
+            device=self.device,
         )
 
     def decode(self, latent: FileRef, out_path: Path) -> FileRef:

@@ -175,9 +175,13 @@ def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -
                     continue  # reported on its own node
                 outputs = src_schema.get("output", [])
                 if slot >= len(outputs):
-                    problems.append(f"{where}: input {key!r} links to output {slot} of node {src_id}, which has {len(outputs)}")
+                    problems.append(
+                        f"{where}: input {key!r} links to output {slot} of node {src_id}, which has {len(outputs)}"
+                    )
                 elif not _types_match(str(outputs[slot]), kind if kind != "COMBO" else None):
-                    problems.append(f"{where}: input {key!r} wants {kind} but node {src_id} output {slot} is {outputs[slot]}")
+                    problems.append(
+                        f"{where}: input {key!r} wants {kind} but node {src_id} output {slot} is {outputs[slot]}"
+                    )
                 continue
             if kind == "COMBO" and options is not None:
                 if opts.get("image_upload") or opts.get("upload"):
@@ -186,7 +190,11 @@ def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -
                     shown = ", ".join(map(repr, options[:12])) + (" ..." if len(options) > 12 else "")
                     problems.append(f"{where}: input {key!r} value {value!r} not among the options [{shown}]")
             elif kind in ("INT", "FLOAT"):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "INT" and not isinstance(value, int)):
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or (kind == "INT" and not isinstance(value, int))
+                ):
                     problems.append(f"{where}: input {key!r} wants {kind}, got {value!r}")
                 else:
                     if "min" in opts and value < opts["min"]:

@@ -34,9 +34,11 @@ class Destination:
 
     def __repr__(self) -> str:  # never print the secret
         secret = "set" if self.secret else None
-        return (f"Destination(method={self.method!r}, host={self.host!r}, address={self.address!r}, "
-                f"port={self.port}, ssh_alias={self.ssh_alias!r}, store_root={str(self.store_root)!r}, "
-                f"secret={secret}, ssh_config={self.ssh_config and str(self.ssh_config)!r})")
+        return (
+            f"Destination(method={self.method!r}, host={self.host!r}, address={self.address!r}, "
+            f"port={self.port}, ssh_alias={self.ssh_alias!r}, store_root={str(self.store_root)!r}, "
+            f"secret={secret}, ssh_config={self.ssh_config and str(self.ssh_config)!r})"
+        )
 
 
 def local_size(ref: FileRef) -> int:

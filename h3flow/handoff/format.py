@@ -21,7 +21,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,20 @@ SUFFIX = ".h3latent"
 
 # safetensors dtype name -> (bytes per element, torch dtype name)
 DTYPES: dict[str, tuple[int, str]] = {
-    "F64": (8, "float64"), "F32": (4, "float32"), "F16": (2, "float16"), "BF16": (2, "bfloat16"),
-    "F8_E4M3": (1, "float8_e4m3fn"), "F8_E5M2": (1, "float8_e5m2"),
-    "I64": (8, "int64"), "I32": (4, "int32"), "I16": (2, "int16"), "I8": (1, "int8"),
-    "U64": (8, "uint64"), "U32": (4, "uint32"), "U16": (2, "uint16"), "U8": (1, "uint8"),
+    "F64": (8, "float64"),
+    "F32": (4, "float32"),
+    "F16": (2, "float16"),
+    "BF16": (2, "bfloat16"),
+    "F8_E4M3": (1, "float8_e4m3fn"),
+    "F8_E5M2": (1, "float8_e5m2"),
+    "I64": (8, "int64"),
+    "I32": (4, "int32"),
+    "I16": (2, "int16"),
+    "I8": (1, "int8"),
+    "U64": (8, "uint64"),
+    "U32": (4, "uint32"),
+    "U16": (2, "uint16"),
+    "U8": (1, "uint8"),
     "BOOL": (1, "bool"),
 }
 LATENT_DTYPES = {"F64", "F32", "F16", "BF16"}
@@ -74,8 +84,12 @@ def save_latent(path: Path, latent: H3Latent) -> str:
     _check_video_shape(tuple(video.shape), "video")
     tensors: dict[str, torch.Tensor] = {"video": video}
     meta = {str(k): str(v) for k, v in latent.meta.items()}
-    meta.update(format=FORMAT, format_version=FORMAT_VERSION,
-                video_shape=_shape_text(video.shape), video_dtype=_torch_dtype_name(video))
+    meta.update(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        video_shape=_shape_text(video.shape),
+        video_dtype=_torch_dtype_name(video),
+    )
     meta.pop("audio_shape", None)
     meta.pop("audio_dtype", None)
     if latent.audio is not None:
@@ -90,7 +104,7 @@ def save_latent(path: Path, latent: H3Latent) -> str:
             raise H3FlowError(f"mask {name!r} must be a tensor of a safetensors dtype")
         tensors[MASK_PREFIX + name] = mask.detach().to("cpu").contiguous()
     tensors[VERSION_MARKER] = torch.zeros(0, dtype=torch.float32)
-    meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
     meta.setdefault("producer", _producer())
     return _write_safetensors(path, tensors, meta)
 
@@ -107,8 +121,11 @@ def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[
     offset = 0
     for name in names:
         size = tensors[name].numel() * tensors[name].element_size()
-        entries[name] = {"dtype": _SAFETENSORS_DTYPE[tensors[name].dtype], "shape": list(tensors[name].shape),
-                         "data_offsets": [offset, offset + size]}
+        entries[name] = {
+            "dtype": _SAFETENSORS_DTYPE[tensors[name].dtype],
+            "shape": list(tensors[name].shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     header = json.dumps({"__metadata__": dict(sorted(meta.items())), **entries}, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # tensor data starts 8-byte aligned, as safetensors does
@@ -250,8 +267,10 @@ def _validate(header: dict[str, Any], data_size: int, path: Path) -> dict[str, A
         if not begin <= end <= data_size:
             raise bad(f"tensor {name!r} data_offsets {offsets} fall outside the {data_size}-byte data")
         if math.prod(shape) * DTYPES[dtype][0] != end - begin:
-            raise bad(f"tensor {name!r}: {dtype} {shape} needs {math.prod(shape) * DTYPES[dtype][0]} bytes, "
-                      f"data_offsets give {end - begin}")
+            raise bad(
+                f"tensor {name!r}: {dtype} {shape} needs {math.prod(shape) * DTYPES[dtype][0]} bytes, "
+                f"data_offsets give {end - begin}"
+            )
         spans.append((begin, end, name))
     position = 0
     for begin, end, name in sorted(spans):
@@ -291,8 +310,10 @@ def _validate_layout(header: dict[str, Any], meta: dict[str, str], bad: _HeaderP
         _check_audio_shape(tuple(header["audio"]["shape"]), video_shape, "audio", bad)
     for stream in ("video", "audio"):
         entry = header.get(stream)
-        for key, actual in (("shape", entry and _shape_text(entry["shape"])),
-                            ("dtype", entry and DTYPES[entry["dtype"]][1])):
+        for key, actual in (
+            ("shape", entry and _shape_text(entry["shape"])),
+            ("dtype", entry and DTYPES[entry["dtype"]][1]),
+        ):
             claimed = meta.get(f"{stream}_{key}")
             if claimed is not None and claimed != actual:
                 raise bad(f"metadata says {stream}_{key}={claimed} but the tensor has {actual or 'none'}")

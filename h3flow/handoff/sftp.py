@@ -70,15 +70,16 @@ def sftp_send(ref: FileRef, dest: Destination, timeout: float = 60.0) -> FileRef
     finally:
         conn.close()
     if status == 3:
-        raise IntegrityError(f"{where} hashed the upload of {ref.sha256[:16]}... to {output.split()[-1][:16]}...: "
-                             f"corrupted in flight, nothing stored")
+        raise IntegrityError(
+            f"{where} hashed the upload of {ref.sha256[:16]}... to {output.split()[-1][:16]}...: "
+            f"corrupted in flight, nothing stored"
+        )
     if status != 0 or output not in ("stored", "have"):
         raise H3FlowError(f"storing latent {ref.sha256[:12]} on {where} failed: {output[:200] or status}")
     return FileRef(Path(final), ref.sha256, size)
 
 
-def _upload(conn: Connection, ref: FileRef, size: int, final: str, temp: str,
-            timeout: float) -> tuple[int, str] | None:
+def _upload(conn: Connection, ref: FileRef, size: int, final: str, temp: str, timeout: float) -> tuple[int, str] | None:
     """Upload to ``temp`` and let the remote finisher verify and link it; None if the
     object was already there. Returns the finisher's exit status and output."""
     from paramiko import SFTPClient
@@ -94,8 +95,10 @@ def _upload(conn: Connection, ref: FileRef, size: int, final: str, temp: str,
         if present == size:
             return None
         if present is not None:
-            raise H3FlowError(f"the store object {final} is {present} bytes, not {size}: damaged; "
-                              f"run `h3flow store verify --quarantine` on that host")
+            raise H3FlowError(
+                f"the store object {final} is {present} bytes, not {size}: damaged; "
+                f"run `h3flow store verify --quarantine` on that host"
+            )
         finisher = conn.transport.open_session(timeout=timeout)
         finisher.settimeout(timeout)
         args = " ".join(shlex.quote(a) for a in (temp, final, ref.sha256))
@@ -117,8 +120,9 @@ def _upload(conn: Connection, ref: FileRef, size: int, final: str, temp: str,
     if digest.hexdigest() != ref.sha256:
         finisher.sendall(b"abort\n")
         finisher.recv_exit_status()
-        raise IntegrityError(f"local latent {ref.path} hashes to {digest.hexdigest()}, not {ref.sha256}: "
-                             f"nothing was stored")
+        raise IntegrityError(
+            f"local latent {ref.path} hashes to {digest.hexdigest()}, not {ref.sha256}: nothing was stored"
+        )
     finisher.sendall(b"go\n")
     finisher.shutdown_write()
     output = bytearray()
@@ -149,9 +153,12 @@ def _connect(alias: str, ssh_config: Path | None, timeout: float, where: str) ->
 
     config = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else Config()
     factory = functools.partial(Transport, default_window_size=WINDOW, default_max_packet_size=MAX_PACKET)
-    conn = Connection(alias, config=config, connect_timeout=max(1, round(timeout)),
-                      connect_kwargs={"transport_factory": factory, "banner_timeout": timeout,
-                                      "auth_timeout": timeout})
+    conn = Connection(
+        alias,
+        config=config,
+        connect_timeout=max(1, round(timeout)),
+        connect_kwargs={"transport_factory": factory, "banner_timeout": timeout, "auth_timeout": timeout},
+    )
     return open_verified(conn, where)
 
 
@@ -175,8 +182,10 @@ def open_verified(conn: Any, where: str) -> Any:
         raise TransientError(f"cannot reach {where} at {target}: {os_reason(exc)}") from None
     except SSHException as exc:
         if "known_hosts" in str(exc):
-            raise H3FlowError(f"{where}: the host key of {target} is not in known_hosts (refusing); "
-                              f"add it with ssh-keyscan or a first manual ssh") from None
+            raise H3FlowError(
+                f"{where}: the host key of {target} is not in known_hosts (refusing); "
+                f"add it with ssh-keyscan or a first manual ssh"
+            ) from None
         raise TransientError(f"cannot open ssh to {where} at {target}: {exc}") from None
     return conn
 
@@ -184,8 +193,10 @@ def open_verified(conn: Any, where: str) -> Any:
 def known_hosts_files(ssh_config: Any) -> list[Path]:
     """The known_hosts files the SSH config names (OpenSSH's defaults otherwise)."""
     files: list[Path] = []
-    for key, default in (("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),
-                         ("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")):
+    for key, default in (
+        ("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),
+        ("globalknownhostsfile", "/etc/ssh/ssh_known_hosts"),
+    ):
         value = str(ssh_config.get(key, default))
         whole = Path(value).expanduser()  # paramiko has stripped quotes: "/a b/known_hosts" is one file
         names = [whole] if whole.is_file() else [Path(p).expanduser() for p in value.split() if p.lower() != "none"]

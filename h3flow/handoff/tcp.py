@@ -221,7 +221,9 @@ class Receiver:
                 send_frames(sock, {"ok": True, "pong": True, "proto": PROTO})
             elif op == "auth":
                 theirs = _from_hex(msg.get("challenge"), 32)
-                if theirs is None or not _mac_matches(msg.get("mac"), _mac(self.secret, _CLIENT_TAG, challenge, theirs)):
+                if theirs is None or not _mac_matches(
+                    msg.get("mac"), _mac(self.secret, _CLIENT_TAG, challenge, theirs)
+                ):
                     log.warning("refused %s: authentication failed", peer)
                     self._refuse(sock, "auth", "authentication failed")
                     return
@@ -262,30 +264,46 @@ class Receiver:
             return False
         if size > self.max_bytes:
             log.warning("refused %s from %s: %d bytes > limit %d", sha[:12], peer, size, self.max_bytes)
-            send_frames(sock, {"ok": False, "kind": "too_large",
-                               "error": f"{size} bytes exceeds the receiver's limit of {self.max_bytes}"})
+            send_frames(
+                sock,
+                {
+                    "ok": False,
+                    "kind": "too_large",
+                    "error": f"{size} bytes exceeds the receiver's limit of {self.max_bytes}",
+                },
+            )
             return True
         if self.store.has(sha):
             present = self.store.path_for(sha).stat().st_size
             if present == size:
                 send_frames(sock, {"ok": True, "have": True})
             else:
-                send_frames(sock, {"ok": False, "kind": "store_error", "error": f"the stored object is {present} "
-                                   f"bytes, not {size}: damaged; run `h3flow store verify --quarantine` there"})
+                send_frames(
+                    sock,
+                    {
+                        "ok": False,
+                        "kind": "store_error",
+                        "error": f"the stored object is {present} "
+                        f"bytes, not {size}: damaged; run `h3flow store verify --quarantine` there",
+                    },
+                )
             return True
         with self._reservation(size) as free:
             if free is not None:
                 log.warning("refused %s from %s: disk full (%d bytes free)", sha[:12], peer, free)
-                send_frames(sock, {"ok": False, "kind": "disk_full",
-                                   "error": f"store disk full: {size} bytes needed, {free} free"})
+                send_frames(
+                    sock,
+                    {"ok": False, "kind": "disk_full", "error": f"store disk full: {size} bytes needed, {free} free"},
+                )
                 return True
             send_frames(sock, {"ok": True, "send": True})
             started = time.perf_counter()
             reply = self._receive_into_store(sock, sha, size, peer)
         # The temp file is gone before the answer leaves: a sender never sees a partial file.
         if reply is None:
-            log.info("stored %s (%d bytes) from %s in %.1f ms", sha[:12], size, peer,
-                     1000 * (time.perf_counter() - started))
+            log.info(
+                "stored %s (%d bytes) from %s in %.1f ms", sha[:12], size, peer, 1000 * (time.perf_counter() - started)
+            )
             reply = {"ok": True, "stored": True}
         send_frames(sock, reply)
         return True
@@ -297,8 +315,12 @@ class Receiver:
             actual, write_error = _receive_body(sock, handle.fileno(), size)
             if write_error is None and actual != sha:
                 log.warning("rejected %s from %s: bytes hash to %s", sha[:12], peer, actual[:12])
-                return {"ok": False, "kind": "integrity", "got": actual,
-                        "error": f"received bytes hash to {actual}, not {sha}"}
+                return {
+                    "ok": False,
+                    "kind": "integrity",
+                    "got": actual,
+                    "error": f"received bytes hash to {actual}, not {sha}",
+                }
             try:
                 if write_error is not None:
                     raise write_error
@@ -377,7 +399,6 @@ def _receive_body(sock: socket.socket, fd: int, size: int) -> tuple[str, OSError
         ready.put(None)
         hasher.join()
     return digest.hexdigest(), write_error
-
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
@@ -496,13 +517,16 @@ def _put(sock: socket.socket, ref: FileRef, size: int, secret: bytes, where: str
     sent_sha = _stream_file(sock, ref.path, size)
     final = recv_frame(sock)
     if sent_sha != ref.sha256:
-        raise IntegrityError(f"local latent {ref.path} hashes to {sent_sha}, not {ref.sha256}: "
-                             f"the {where} kept nothing")
+        raise IntegrityError(
+            f"local latent {ref.path} hashes to {sent_sha}, not {ref.sha256}: the {where} kept nothing"
+        )
     if final.get("ok") and final.get("stored"):
         return
     if final.get("kind") == "integrity":
-        raise CorruptedInFlight(f"the {where} received bytes hashing to {str(final.get('got'))[:16]}... "
-                                f"instead of {ref.sha256[:16]}...: corrupted in flight, nothing stored")
+        raise CorruptedInFlight(
+            f"the {where} received bytes hashing to {str(final.get('got'))[:16]}... "
+            f"instead of {ref.sha256[:16]}...: corrupted in flight, nothing stored"
+        )
     raise _refusal(final, where)
 
 

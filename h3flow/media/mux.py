@@ -44,7 +44,9 @@ def _as_uint8_frames(chunk: np.ndarray | torch.Tensor) -> np.ndarray:
 class _AudioFeed:
     """Hands the waveform to the AAC encoder in 1024-sample frames, pts in samples."""
 
-    def __init__(self, container: av.container.OutputContainer, stream: av.AudioStream, waveform: np.ndarray, rate: int) -> None:
+    def __init__(
+        self, container: av.container.OutputContainer, stream: av.AudioStream, waveform: np.ndarray, rate: int
+    ) -> None:
         self.container, self.stream, self.wave, self.rate = container, stream, waveform, rate
         self.sent = 0
 
@@ -91,29 +93,28 @@ def mux_mp4(
     if first.shape[1] % 2 or first.shape[2] % 2:
         raise ValueError(f"yuv420p needs an even frame size, got {first.shape[2]}x{first.shape[1]}")
     out = Path(out_path)
-    with atomic_path(out) as tmp:
-        with av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:
-            video = container.add_stream("libx264", rate=fps, options=dict(x264_options or X264_OPTIONS))
-            video.height, video.width = int(first.shape[1]), int(first.shape[2])
-            video.pix_fmt = "yuv420p"
-            video.time_base = Fraction(1, fps)
-            audio = container.add_stream("aac", rate=sample_rate, layout="stereo")
-            audio.time_base = Fraction(1, sample_rate)
-            feed = _AudioFeed(container, audio, wave, sample_rate)
-            count = 0
-            for chunk in itertools.chain([first], chunks):
-                arr = _as_uint8_frames(chunk)
-                if arr.shape[1:3] != first.shape[1:3]:
-                    raise ValueError(f"frame size changed from {first.shape[1:3]} to {arr.shape[1:3]}")
-                for image in arr:
-                    frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-                    frame.pts = count
-                    container.mux(video.encode(frame))
-                    count += 1
-                    feed.until(count * per_frame)  # interleave per frame: the bytes do not depend on chunking
-            container.mux(video.encode())
-            feed.until(count * per_frame, final=True)
-            container.mux(audio.encode())
+    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:
+        video = container.add_stream("libx264", rate=fps, options=dict(x264_options or X264_OPTIONS))
+        video.height, video.width = int(first.shape[1]), int(first.shape[2])
+        video.pix_fmt = "yuv420p"
+        video.time_base = Fraction(1, fps)
+        audio = container.add_stream("aac", rate=sample_rate, layout="stereo")
+        audio.time_base = Fraction(1, sample_rate)
+        feed = _AudioFeed(container, audio, wave, sample_rate)
+        count = 0
+        for chunk in itertools.chain([first], chunks):
+            arr = _as_uint8_frames(chunk)
+            if arr.shape[1:3] != first.shape[1:3]:
+                raise ValueError(f"frame size changed from {first.shape[1:3]} to {arr.shape[1:3]}")
+            for image in arr:
+                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+                frame.pts = count
+                container.mux(video.encode(frame))
+                count += 1
+                feed.until(count * per_frame)  # interleave per frame: the bytes do not depend on chunking
+        container.mux(video.encode())
+        feed.until(count * per_frame, final=True)
+        container.mux(audio.encode())
     return FileRef(out, sha256_file(out), out.stat().st_size)
 
 
@@ -176,9 +177,19 @@ def probe_mp4(path: str | os.PathLike[str]) -> Mp4Info:
                 sum_sq += float((data**2).sum()) / max(1, data.shape[0] if frame.format.is_planar else channels)
                 peak = max(peak, float(np.abs(data).max(initial=0.0)))
         return Mp4Info(
-            video_codec=vctx.name, pix_fmt=vctx.format.name, width=vctx.width, height=vctx.height,
-            frames=video.frames, fps=Fraction(video.average_rate), video_seconds=v_seconds,
-            audio_codec=audio_codec, sample_rate=rate, channels=channels, audio_seconds=a_seconds,
-            audio_samples=samples, audio_rms=math.sqrt(sum_sq / samples) if samples else 0.0, audio_peak=peak,
+            video_codec=vctx.name,
+            pix_fmt=vctx.format.name,
+            width=vctx.width,
+            height=vctx.height,
+            frames=video.frames,
+            fps=Fraction(video.average_rate),
+            video_seconds=v_seconds,
+            audio_codec=audio_codec,
+            sample_rate=rate,
+            channels=channels,
+            audio_seconds=a_seconds,
+            audio_samples=samples,
+            audio_rms=math.sqrt(sum_sq / samples) if samples else 0.0,
+            audio_peak=peak,
             faststart=b"moov" in boxes and b"mdat" in boxes and boxes.index(b"moov") < boxes.index(b"mdat"),
         )

@@ -42,8 +42,15 @@ def _spec(req: Request) -> Any:
     from h3flow.ops.services import HttpHealth, ServiceSpec
 
     return ServiceSpec(
-        name=req["name"], kind=req.get("kind", "worker"), host=req.get("host", ""), argv=tuple(req["argv"]),
-        env=req["env"], cwd=req["cwd"], log=req["log"], pidfile=req["pidfile"], health=HttpHealth(""),
+        name=req["name"],
+        kind=req.get("kind", "worker"),
+        host=req.get("host", ""),
+        argv=tuple(req["argv"]),
+        env=req["env"],
+        cwd=req["cwd"],
+        log=req["log"],
+        pidfile=req["pidfile"],
+        health=HttpHealth(""),
         stop_grace=float(req.get("stop_grace", 15.0)),
     )
 
@@ -73,8 +80,11 @@ def _torch() -> dict[str, Any]:
         import torch
     except Exception as exc:  # noqa: BLE001 - any import failure is the fact
         return {"error": f"{type(exc).__name__}: {exc}"}
-    info: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                            "hip": getattr(torch.version, "hip", None)}
+    info: dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+    }
     try:
         info["available"] = bool(torch.cuda.is_available())
         info["devices"] = torch.cuda.device_count() if info["available"] else 0
@@ -127,8 +137,14 @@ def _amd_gpus() -> dict[str, Any]:
         name = next((str(v) for k, v in lower.items() if k in ("card series", "card model", "marketing name")), "?")
         vram = next((float(v) for k, v in lower.items() if "vram total memory" in k and str(v).isdigit()), 0.0)
         arch = next((str(v) for k, v in lower.items() if "gfx version" in k), None)
-        gpus.append({"index": int(key[4:]) if key[4:].isdigit() else len(gpus), "name": name,
-                     "memory_mb": vram / 2**20, "arch": arch})
+        gpus.append(
+            {
+                "index": int(key[4:]) if key[4:].isdigit() else len(gpus),
+                "name": name,
+                "memory_mb": vram / 2**20,
+                "arch": arch,
+            }
+        )
     return {"gpus": gpus, "tool": "rocm-smi"}
 
 
@@ -160,7 +176,7 @@ def _api(url: str | None) -> dict[str, Any] | None:
 
     health = url.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(health, timeout=3) as reply:  # noqa: S310 - the configured API
+        with urllib.request.urlopen(health, timeout=3) as reply:
             body = reply.read(64).decode(errors="replace").strip()
         return {"ok": body == "true", "detail": f"{health} → {body[:40]}"}
     except Exception as exc:  # noqa: BLE001 - the failure is the fact
@@ -240,9 +256,15 @@ def op_link_probe(req: Request) -> dict[str, Any]:
             path.write_bytes(os.urandom(size))
             ref = FileRef(path, sha256_file(path), size)
             secret = load_secret(SecretSource.model_validate(req["secret"])) if route["method"] == "tcp" else None
-            dest = Destination(method=route["method"], host=route["target"], address=route["address"],
-                               port=int(route["port"]), ssh_alias=route.get("ssh_alias"),
-                               store_root=Path(route["store_root"]), secret=secret)
+            dest = Destination(
+                method=route["method"],
+                host=route["target"],
+                address=route["address"],
+                port=int(route["port"]),
+                ssh_alias=route.get("ssh_alias"),
+                store_root=Path(route["store_root"]),
+                secret=secret,
+            )
             begin = time.perf_counter()
             send(ref, dest, timeout=30.0)
             seconds = time.perf_counter() - begin
@@ -266,8 +288,12 @@ def op_patches(req: Request) -> dict[str, Any]:
         dirs = [Path(d).expanduser() if d else None for d in (req.get("comfy_dir"), req.get("raylight_dir"))]
         run = patches.check_trees if req["action"] == "check" else patches.apply_trees
         reports = run(dirs[0], dirs[1], patches_dir=Path(tmp))
-    return {"reports": [{"patch": r.patch, "tree": str(r.tree), "state": r.state.value, "problem": r.problem,
-                         "changed": r.changed} for r in reports]}
+    return {
+        "reports": [
+            {"patch": r.patch, "tree": str(r.tree), "state": r.state.value, "problem": r.problem, "changed": r.changed}
+            for r in reports
+        ]
+    }
 
 
 def op_nodes_install(req: Request) -> dict[str, Any]:
@@ -302,7 +328,7 @@ def parse_answer(stdout: str) -> dict[str, Any] | None:
     """The agent's answer in its output (the last marked line), or None."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARK):
-            return dict(json.loads(line[len(MARK):]))
+            return dict(json.loads(line[len(MARK) :]))
     return None
 
 

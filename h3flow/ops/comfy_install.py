@@ -309,7 +309,7 @@ class ComfyServer:
     def args(self) -> list[str]:
         return server_args(self.host, self.port, self.base_dir, self.extra_args)
 
-    def start(self, timeout: float = 180.0) -> "ComfyServer":
+    def start(self, timeout: float = 180.0) -> ComfyServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
@@ -365,7 +365,7 @@ class ComfyServer:
             return "(no log)"
         return " | ".join(text.strip().splitlines()[-lines:])
 
-    def __enter__(self) -> "ComfyServer":
+    def __enter__(self) -> ComfyServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

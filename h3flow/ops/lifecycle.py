@@ -109,9 +109,7 @@ def wait_healthy(
                 proc = runner.inspect(state.spec)
                 if not proc.running:
                     runner.forget(state.spec)
-                    raise H3FlowError(
-                        f"{state.spec.name} exited while starting; {_log_excerpt(state.spec, runner)}"
-                    )
+                    raise H3FlowError(f"{state.spec.name} exited while starting; {_log_excerpt(state.spec, runner)}")
                 state.healthy, state.detail = check_health(state.spec.health, since=state.spawned_at)
                 if state.healthy:
                     pending.remove(state)
@@ -278,7 +276,9 @@ def start_services(
         if comfy and config.work_dir:
             with console.status("ComfyUI: checking the install (cached; the first install takes minutes) …"):
                 root = prepare_comfy(config, lambda line: console.print(f"[dim]{line}[/]", soft_wrap=True))
-            console.print(f"[green]✓[/] {'comfyui install':<18} {root}, node pack in each pool's custom_nodes", soft_wrap=True)
+            console.print(
+                f"[green]✓[/] {'comfyui install':<18} {root}, node pack in each pool's custom_nodes", soft_wrap=True
+            )
         if server is None:
             _require_api(config, console)
         first = [s for s in (server, *comfy) if s is not None and not _served_elsewhere(s, runner_for, console)]

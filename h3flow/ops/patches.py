@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ def load_patch(path: Path) -> tuple[FileDiff, ...]:
     return parse_patch(text, path.name)
 
 
-class State(str, Enum):
+class State(StrEnum):
     APPLIED = "applied"
     NOT_APPLIED = "not applied"
     CONFLICT = "does not apply"
@@ -169,7 +169,9 @@ def patch_tool() -> str:
     return tool
 
 
-def _run_patch(patch_file: Path, tree: Path, *, reverse: bool = False, dry_run: bool = True) -> subprocess.CompletedProcess[str]:
+def _run_patch(
+    patch_file: Path, tree: Path, *, reverse: bool = False, dry_run: bool = True
+) -> subprocess.CompletedProcess[str]:
     args = [patch_tool(), "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-"]
     args += ["-R"] if reverse else []
     args += ["--dry-run"] if dry_run else []
@@ -259,28 +261,35 @@ def _targets(comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: Pat
     return pairs
 
 
-def check_trees(comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: Path = PATCHES_DIR) -> list[PatchReport]:
+def check_trees(
+    comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: Path = PATCHES_DIR
+) -> list[PatchReport]:
     """Where each patch stands in the given checkouts (ComfyUI, Raylight or both)."""
     return [check_patch(patch, tree) for patch, tree in _targets(comfy_dir, raylight_dir, patches_dir)]
 
 
-def apply_trees(comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: Path = PATCHES_DIR) -> list[PatchReport]:
+def apply_trees(
+    comfy_dir: Path | None, raylight_dir: Path | None, patches_dir: Path = PATCHES_DIR
+) -> list[PatchReport]:
     """Dry-run every patch first; apply only if none conflicts, skipping those already applied."""
     pairs = _targets(comfy_dir, raylight_dir, patches_dir)
     reports = [check_patch(patch, tree) for patch, tree in pairs]
     conflicts = [r for r in reports if r.state is State.CONFLICT]
     if conflicts:
         raise H3FlowError("; ".join(r.line() for r in conflicts) + " (nothing was changed)")
-    return [_apply_checked(report, patch) for report, (patch, _) in zip(reports, pairs)]
+    return [_apply_checked(report, patch) for report, (patch, _) in zip(reports, pairs, strict=False)]
 
 
-def agent_request(action: str, comfy_dir: str | None, raylight_dir: str | None,
-                  patches_dir: Path = PATCHES_DIR) -> dict[str, object]:
+def agent_request(
+    action: str, comfy_dir: str | None, raylight_dir: str | None, patches_dir: Path = PATCHES_DIR
+) -> dict[str, object]:
     """What the h3flow agent on a host needs to check / apply: the dirs there and this checkout's patch texts."""
     texts = {name: (patches_dir / name).read_text(encoding="utf-8") for name in PATCH_FOR_TARGET.values()}
     return {"action": action, "comfy_dir": comfy_dir, "raylight_dir": raylight_dir, "patches": texts}
 
 
 def reports_from(answer: dict[str, Any]) -> list[PatchReport]:
-    return [PatchReport(r["patch"], Path(r["tree"]), State(r["state"]), r["problem"], r["changed"])
-            for r in answer["reports"]]
+    return [
+        PatchReport(r["patch"], Path(r["tree"]), State(r["state"]), r["problem"], r["changed"])
+        for r in answer["reports"]
+    ]

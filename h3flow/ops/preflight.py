@@ -87,8 +87,9 @@ class LocalHost(LocalRunner):
         from h3flow.ops.ssh import agent_answer
 
         try:
-            code, out, err = self.exec([self.python, "-m", "h3flow.ops.agent", op], stdin=json.dumps(request),
-                                       timeout=timeout)
+            code, out, err = self.exec(
+                [self.python, "-m", "h3flow.ops.agent", op], stdin=json.dumps(request), timeout=timeout
+            )
         except H3FlowError as exc:
             code, out, err = 127, "", str(exc)
         return agent_answer(op, code, out, err, self.where, self.python)
@@ -250,9 +251,17 @@ def probe_routes(config: LocalConfig, views: dict[str, HostView], host: str) -> 
         target = config.hosts[route.target]
         if route.method == "tcp" and views[route.target].state(f"receiver-{route.target}") != "running":
             continue
-        out.append({"target": route.target, "method": route.method, "address": route.address, "port": route.port,
-                    "rtt_port": route.port if route.method == "tcp" else target.port,
-                    "store_root": route.store_root, "ssh_alias": target.ssh_alias})
+        out.append(
+            {
+                "target": route.target,
+                "method": route.method,
+                "address": route.address,
+                "port": route.port,
+                "rtt_port": route.port if route.method == "tcp" else target.port,
+                "store_root": route.store_root,
+                "ssh_alias": target.ssh_alias,
+            }
+        )
     return out
 
 
@@ -262,8 +271,10 @@ def check_ssh(view: HostView) -> list[Check]:
         return [skip(view.name, "ssh", "this machine (embedded default): no SSH")]
     if view.reachable:
         return [ok(view.name, "ssh", f"{view.host.ssh_alias} → {view.reach}, host key matches known_hosts")]
-    fix = ("check the address / ssh alias (SSH config: $H3FLOW_SSH_CONFIG or ~/.ssh/config), that the host is up and "
-           "sshd runs, and that its key is in known_hosts (ssh-keyscan, or one manual ssh)")
+    fix = (
+        "check the address / ssh alias (SSH config: $H3FLOW_SSH_CONFIG or ~/.ssh/config), that the host is up and "
+        "sshd runs, and that its key is in known_hosts (ssh-keyscan, or one manual ssh)"
+    )
     return [fail(view.name, "ssh", view.reach, fix)]
 
 
@@ -276,11 +287,23 @@ def check_venv(view: HostView) -> list[Check]:
     facts = view.facts
     detail = f"python {facts['python']}, h3flow {facts['h3flow']} ({facts['executable']})"
     if facts["h3flow"] != h3flow.__version__:
-        return [fail(view.name, "venv", f"{detail}; this machine has h3flow {h3flow.__version__}",
-                     f"install h3flow {h3flow.__version__} into {view.host.venv} on {view.name}")]
+        return [
+            fail(
+                view.name,
+                "venv",
+                f"{detail}; this machine has h3flow {h3flow.__version__}",
+                f"install h3flow {h3flow.__version__} into {view.host.venv} on {view.name}",
+            )
+        ]
     if not facts["checkout"]:
-        return [fail(view.name, "venv", f"{detail}; no h3flow checkout at {SOURCE_DIR} (the deployments' working dir)",
-                     f"put the h3flow source at {SOURCE_DIR} on {view.name} (git clone / rsync): flows run from there")]
+        return [
+            fail(
+                view.name,
+                "venv",
+                f"{detail}; no h3flow checkout at {SOURCE_DIR} (the deployments' working dir)",
+                f"put the h3flow source at {SOURCE_DIR} on {view.name} (git clone / rsync): flows run from there",
+            )
+        ]
     return [ok(view.name, "venv", f"{detail}, checkout at {SOURCE_DIR}")]
 
 
@@ -303,17 +326,35 @@ def check_torch(view: HostView) -> list[Check]:
     want = "CUDA" if vendor == "nvidia" else "ROCm"
     index = "cu126" if vendor == "nvidia" else "rocm6.3"
     if not torch.get("cuda" if vendor == "nvidia" else "hip"):
-        return [fail(view.name, "torch", f"{detail}: the host's {vendor} GPUs need a {want} build",
-                     f"pip install torch --index-url https://download.pytorch.org/whl/{index} into {venv}")]
+        return [
+            fail(
+                view.name,
+                "torch",
+                f"{detail}: the host's {vendor} GPUs need a {want} build",
+                f"pip install torch --index-url https://download.pytorch.org/whl/{index} into {venv}",
+            )
+        ]
     if not torch.get("available"):
         why = torch.get("error_cuda") or "torch.cuda.is_available() is False"
-        return [fail(view.name, "torch", f"{detail} sees no GPU: {why}",
-                     f"check the {vendor} driver on {view.name} ({'nvidia-smi' if vendor == 'nvidia' else 'rocm-smi'})")]
+        return [
+            fail(
+                view.name,
+                "torch",
+                f"{detail} sees no GPU: {why}",
+                f"check the {vendor} driver on {view.name} ({'nvidia-smi' if vendor == 'nvidia' else 'rocm-smi'})",
+            )
+        ]
     archs = torch.get("arch_list") or []
     missing = sorted({g.arch for g in view.host.gpus if archs and _cuda_arch(g.arch) not in archs})
     if missing:
-        return [fail(view.name, "torch", f"{detail} has no kernels for {', '.join(missing)} (built for {' '.join(archs)})",
-                     f"install a torch build that supports {', '.join(missing)} into {venv}")]
+        return [
+            fail(
+                view.name,
+                "torch",
+                f"{detail} has no kernels for {', '.join(missing)} (built for {' '.join(archs)})",
+                f"install a torch build that supports {', '.join(missing)} into {venv}",
+            )
+        ]
     return [ok(view.name, "torch", f"{detail}, {torch.get('devices', 0)} device(s) usable")]
 
 
@@ -327,16 +368,28 @@ def check_gpus(view: HostView) -> list[Check]:
     if all(g.vendor == "cpu" for g in gpus):
         if view.config.model.kind == "reference":
             return [ok(name, "gpus", f"cpu (reference model): {len(gpus)} cpu device(s), no GPU checks")]
-        return [fail(name, "gpus", "the host map gives cpu devices but the model is MiniMax H3",
-                     "list the host's GPUs in the host map, or use model kind 'reference'")]
+        return [
+            fail(
+                name,
+                "gpus",
+                "the host map gives cpu devices but the model is MiniMax H3",
+                "list the host's GPUs in the host map, or use model kind 'reference'",
+            )
+        ]
     if view.facts is None:
         return [skip(name, "gpus", "no venv (see venv)")]
     seen = view.facts.get("gpus") or {}
     tool = seen.get("tool", "nvidia-smi")
     if "error" in seen:
         vendor = "NVIDIA" if tool == "nvidia-smi" else "AMD"
-        return [fail(name, "gpus", f"no {vendor} GPU visible on {name}: {seen['error']}",
-                     f"install the {vendor} driver ({tool}), or correct the host map's gpus for {name}")]
+        return [
+            fail(
+                name,
+                "gpus",
+                f"no {vendor} GPU visible on {name}: {seen['error']}",
+                f"install the {vendor} driver ({tool}), or correct the host map's gpus for {name}",
+            )
+        ]
     visible = {g["index"]: g for g in seen.get("gpus", [])}
     problems = []
     for gpu in gpus:
@@ -353,8 +406,14 @@ def check_gpus(view: HostView) -> list[Check]:
             problems.append(f"GPU {gpu.index} is {got['arch']}, the host map says {gpu.arch}")
     shown = f"{tool}: " + ", ".join(f"{i}:{g['name']}" for i, g in sorted(visible.items()))
     if problems:
-        return [fail(name, "gpus", "; ".join(problems) + f" ({shown})",
-                     f"correct the host map's gpus for {name} and rerun config-adapt, or fix the hardware / driver")]
+        return [
+            fail(
+                name,
+                "gpus",
+                "; ".join(problems) + f" ({shown})",
+                f"correct the host map's gpus for {name} and rerun config-adapt, or fix the hardware / driver",
+            )
+        ]
     return [ok(name, "gpus", f"{len(gpus)} match the host map ({shown})")]
 
 
@@ -371,8 +430,14 @@ def check_disk(view: HostView) -> list[Check]:
         if info["free"] < need:
             short.append(f"{path} has {info['free'] / GIB:.1f} GiB free")
     if short:
-        return [fail(view.name, "disk", "; ".join(short) + f" (need ≥ {need / GIB:g} GiB)",
-                     f"free space on that disk on {view.name}, or point storage at a larger one in the host map")]
+        return [
+            fail(
+                view.name,
+                "disk",
+                "; ".join(short) + f" (need ≥ {need / GIB:g} GiB)",
+                f"free space on that disk on {view.name}, or point storage at a larger one in the host map",
+            )
+        ]
     return [ok(view.name, "disk", ", ".join(parts))]
 
 
@@ -383,8 +448,15 @@ def _stage_params(stage: str, reference: bool) -> dict[str, Any]:
         base = {"image": "h3flow/preflight.png", "prompt": "preflight", "out_path": "/tmp/preflight.safetensors"}
         return {**base, **({"spec": "sd", "frames": 124} if reference else size)}
     if stage == "sample":
-        return {"cond_path": "/tmp/c.safetensors", "cond_sha256": "0" * 64, "seed": 1, "steps": 4,
-                "out_path": "/tmp/l.h3latent", "meta": "{}", **size}
+        return {
+            "cond_path": "/tmp/c.safetensors",
+            "cond_sha256": "0" * 64,
+            "seed": 1,
+            "steps": 4,
+            "out_path": "/tmp/l.h3latent",
+            "meta": "{}",
+            **size,
+        }
     return {"latent_path": "/tmp/l.h3latent", "latent_sha256": "0" * 64, "out_path": "/tmp/v.mp4"}
 
 
@@ -411,7 +483,9 @@ def template_problems(config: LocalConfig, pool: Pool, object_info: dict[str, An
     reference = config.model.kind == "reference"
     variant = "reference" if reference else "xtx" if pool.arch.startswith("gfx") else "production"
     engine = ComfyEngine(pool.comfy_url, reference=reference, variant=variant, params=comfy_params(config.model, pool))
-    stages = ["decode"] if pool.role == "decode" else (["encode"] if pool.encoder_pool == pool.name else []) + ["sample"]
+    stages = (
+        ["decode"] if pool.role == "decode" else (["encode"] if pool.encoder_pool == pool.name else []) + ["sample"]
+    )
     problems = []
     for stage in stages:
         prompt = engine.prompt_for(stage, _stage_params(stage, reference))
@@ -432,15 +506,23 @@ def check_comfyui(view: HostView, fetch: Callable[[str], dict[str, Any]]) -> lis
         try:
             info = fetch(pool.comfy_url)
         except H3FlowError as exc:
-            checks.append(fail(view.name, label, f"{pool.comfy_url} does not answer: {exc}",
-                               f"`h3flow start` (its log: `h3flow status --services`), or open port {pool.comfy_port}"))
+            checks.append(
+                fail(
+                    view.name,
+                    label,
+                    f"{pool.comfy_url} does not answer: {exc}",
+                    f"`h3flow start` (its log: `h3flow status --services`), or open port {pool.comfy_port}",
+                )
+            )
             continue
         problems = template_problems(view.config, pool, info)
         if problems:
             more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
             checks.append(fail(view.name, label, "; ".join(problems[:4]) + more, _comfy_fix(problems, view.name)))
         else:
-            checks.append(ok(view.name, label, f"{pool.comfy_url}: /object_info holds every node and input of its templates"))
+            checks.append(
+                ok(view.name, label, f"{pool.comfy_url}: /object_info holds every node and input of its templates")
+            )
     return checks
 
 
@@ -451,8 +533,14 @@ def check_patches(view: HostView) -> list[Check]:
     if why:
         return [skip(view.name, "patches", why)]
     if not view.host.comfy_dir and not view.host.raylight_dir:
-        return [fail(view.name, "patches", "no comfy_dir / raylight_dir in the host map to check",
-                     "add comfy_dir (and raylight_dir on samplers) to the host map")]
+        return [
+            fail(
+                view.name,
+                "patches",
+                "no comfy_dir / raylight_dir in the host map to check",
+                "add comfy_dir (and raylight_dir on samplers) to the host map",
+            )
+        ]
     if view.patches is None:
         return [skip(view.name, "patches", "no venv (see venv)")]
     if isinstance(view.patches, str):
@@ -477,8 +565,14 @@ def check_models(view: HostView) -> list[Check]:
     missing = [name for name, path in found.items() if path is None]
     folder = f"{view.host.comfy_dir}/models"
     if missing:
-        return [fail(view.name, "models", f"not under {folder}: {', '.join(missing)}",
-                     f"download them into {folder}/ (text_encoders, diffusion_models, loras, vae)")]
+        return [
+            fail(
+                view.name,
+                "models",
+                f"not under {folder}: {', '.join(missing)}",
+                f"download them into {folder}/ (text_encoders, diffusion_models, loras, vae)",
+            )
+        ]
     return [ok(view.name, "models", f"{len(found)} file(s) under {folder}")]
 
 
@@ -494,23 +588,37 @@ def check_retain(view: HostView) -> list[Check]:
     else:
         value, where = spec.env.get(RETAIN_CPU_WEIGHTS), f"the environment `h3flow start` gives {spec.name}"
     if value != "1":
-        return [fail(view.name, "retain", f"{RETAIN_CPU_WEIGHTS}={value or '(unset)'} in {where}",
-                     f'set "{RETAIN_CPU_WEIGHTS}": "1" in {view.name}\'s env in the host map, config-adapt, then '
-                     "`h3flow stop` + `h3flow start`")]
+        return [
+            fail(
+                view.name,
+                "retain",
+                f"{RETAIN_CPU_WEIGHTS}={value or '(unset)'} in {where}",
+                f'set "{RETAIN_CPU_WEIGHTS}": "1" in {view.name}\'s env in the host map, config-adapt, then '
+                "`h3flow stop` + `h3flow start`",
+            )
+        ]
     return [ok(view.name, "retain", f"{RETAIN_CPU_WEIGHTS}=1 in {where}")]
 
 
 def check_prefect_api(view: HostView, server_state: str) -> list[Check]:
     url = view.config.prefect.api_url
     if server_state == "not started":
-        return [skip(view.name, "prefect api", f"the Prefect server is not started yet: `h3flow start` starts it ({url})")]
+        return [
+            skip(view.name, "prefect api", f"the Prefect server is not started yet: `h3flow start` starts it ({url})")
+        ]
     if view.facts is None:
         return [skip(view.name, "prefect api", "no venv (see venv)")]
     api = view.facts.get("api") or {}
     if api.get("ok"):
         return [ok(view.name, "prefect api", f"from {view.name}: {api['detail']}")]
-    return [fail(view.name, "prefect api", f"from {view.name}: {api.get('detail', '?')}",
-                 f"make {url} reachable from {view.name} (server bound to that address, firewall open)")]
+    return [
+        fail(
+            view.name,
+            "prefect api",
+            f"from {view.name}: {api.get('detail', '?')}",
+            f"make {url} reachable from {view.name} (server bound to that address, firewall open)",
+        )
+    ]
 
 
 def check_workers(view: HostView) -> list[Check]:
@@ -524,15 +632,27 @@ def check_workers(view: HostView) -> list[Check]:
             checks.append(skip(view.name, label, "not started yet: `h3flow start` starts it"))
             continue
         if state == "stale":
-            checks.append(fail(view.name, label, f"{spec.name} died (stale PID file {spec.pidfile})",
-                               f"`h3flow start` restarts it; its log: {spec.log}"))
+            checks.append(
+                fail(
+                    view.name,
+                    label,
+                    f"{spec.name} died (stale PID file {spec.pidfile})",
+                    f"`h3flow start` restarts it; its log: {spec.log}",
+                )
+            )
             continue
         healthy, detail = check_health(health)
         if healthy:
             checks.append(ok(view.name, label, f"pid {view.procs[spec.name].pid}: {detail}"))
         else:
-            checks.append(fail(view.name, label, f"pid {view.procs[spec.name].pid} runs but {detail}",
-                               f"see its log {spec.log}; `h3flow stop` + `h3flow start` restarts it"))
+            checks.append(
+                fail(
+                    view.name,
+                    label,
+                    f"pid {view.procs[spec.name].pid} runs but {detail}",
+                    f"see its log {spec.log}; `h3flow stop` + `h3flow start` restarts it",
+                )
+            )
     return checks or [skip(view.name, "workers", "no pool on this host")]
 
 
@@ -556,14 +676,26 @@ def check_links(view: HostView) -> list[Check]:
             continue
         rtt = f"RTT {result['rtt_ms']:.2f} ms" if result.get("rtt_ms") is not None else "RTT unmeasured"
         if "error" in result:
-            checks.append(fail(view.name, label, f"{route.method}: {rtt}; {result['error']}",
-                               "check the receiver / SSH access on the decoder host and the transfer secret "
-                               "(`h3flow start` copies a file secret to every host)"))
+            checks.append(
+                fail(
+                    view.name,
+                    label,
+                    f"{route.method}: {rtt}; {result['error']}",
+                    "check the receiver / SSH access on the decoder host and the transfer secret "
+                    "(`h3flow start` copies a file secret to every host)",
+                )
+            )
             continue
         expected = route.gbit_s * 125
-        checks.append(ok(view.name, label, f"{route.method}: {rtt}; {PROBE_BYTES / 1e6:g} MB in "
-                                           f"{result['seconds']:.2f} s = {result['mb_s']:.0f} MB/s "
-                                           f"(the host map says {route.gbit_s:g} Gbit/s ≈ {expected:.0f} MB/s)"))
+        checks.append(
+            ok(
+                view.name,
+                label,
+                f"{route.method}: {rtt}; {PROBE_BYTES / 1e6:g} MB in "
+                f"{result['seconds']:.2f} s = {result['mb_s']:.0f} MB/s "
+                f"(the host map says {route.gbit_s:g} Gbit/s ≈ {expected:.0f} MB/s)",
+            )
+        )
     return checks
 
 
@@ -583,7 +715,7 @@ def judge(view: HostView, server_state: str, fetch: Callable[[str], dict[str, An
     """All checks of one host, in the report's order."""
     checks = check_ssh(view)
     if not view.reachable:
-        return checks + [skip(view.name, "…", "the other checks need the host (see ssh)")]
+        return [*checks, skip(view.name, "…", "the other checks need the host (see ssh)")]
     return [
         *checks, *check_venv(view), *check_torch(view), *check_gpus(view), *check_disk(view),
         *check_comfyui(view, fetch), *check_patches(view), *check_models(view), *check_retain(view),
@@ -599,8 +731,13 @@ def fetch_object_info(url: str) -> dict[str, Any]:
         return client.object_info()
 
 
-def preflight(config: LocalConfig, config_path: Path, *, fetch: Callable[[str], dict[str, Any]] = fetch_object_info,
-              timeout: float = CONNECT_TIMEOUT) -> list[Check]:
+def preflight(
+    config: LocalConfig,
+    config_path: Path,
+    *,
+    fetch: Callable[[str], dict[str, Any]] = fetch_object_info,
+    timeout: float = CONNECT_TIMEOUT,
+) -> list[Check]:
     """Every check of every host (hosts gathered in parallel, reported in local.json's order)."""
     from h3flow.ops.ssh import SshRunner
 
@@ -628,8 +765,12 @@ def _probe_links(view: HostView, runner: Any, routes: list[dict[str, Any]]) -> N
     if not routes or not view.reachable or view.facts is None:
         return
     try:
-        request = {"routes": routes, "secret": view.config.transfer.secret.model_dump(mode="json"),
-                   "size": PROBE_BYTES, "tmp_dir": str(Path(view.host.storage.root) / "tmp")}
+        request = {
+            "routes": routes,
+            "secret": view.config.transfer.secret.model_dump(mode="json"),
+            "size": PROBE_BYTES,
+            "tmp_dir": str(Path(view.host.storage.root) / "tmp"),
+        }
         answer = runner.agent("link_probe", request, timeout=300.0)
         view.links = {r["target"]: r for r in answer["routes"]}
     except H3FlowError as exc:
@@ -677,4 +818,3 @@ def run_preflight(config_path: Path, as_json: bool, console: Console | None = No
         summary = f"{counts['ok']} ✓  {counts['fail']} ✗  {counts['skip']} —"
         console.print(f"[red]{summary}: fix the ✗ lines[/]" if failed else f"[green]{summary}: ready[/]")
     return 1 if failed else 0
-

@@ -41,8 +41,10 @@ def patches_on_host(
     comfy = str(comfy_dir) if given and comfy_dir else None if given else resolved.comfy_dir
     raylight = str(raylight_dir) if given and raylight_dir else None if given else resolved.raylight_dir
     if comfy is None and raylight is None:
-        raise H3FlowError(f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
-                          "--raylight-dir (paths on that host)")
+        raise H3FlowError(
+            f"host {host!r} has no comfy_dir or raylight_dir in local.json: give --comfy-dir / "
+            "--raylight-dir (paths on that host)"
+        )
     with connected(config, host) as runner:
         answer = runner.agent("patches", agent_request(action, comfy, raylight, patches_dir), timeout=300.0)
     return reports_from(answer)

@@ -316,7 +316,9 @@ def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[Servi
     return specs
 
 
-def comfy_spec(pool: Pool, address: str, argv: tuple[str, ...], cwd: str, where: Callable[[str], Path], **env: str) -> ServiceSpec:
+def comfy_spec(
+    pool: Pool, address: str, argv: tuple[str, ...], cwd: str, where: Callable[[str], Path], **env: str
+) -> ServiceSpec:
     """One pool's ComfyUI as a service: the pool's device pinning (no PREFECT_* vars), a
     log and PID file, healthy once /system_stats answers."""
     pinned = {k: v for k, v in pool.env.items() if not k.startswith("PREFECT_")}
@@ -412,7 +414,9 @@ def remote_comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> lis
     for pool in config.pools:
         host = config.hosts[pool.host]
         if not host.comfy_dir:
-            raise ConfigError(f"host {host.name!r} runs ComfyUI for pool {pool.name!r} but the host map gives no comfy_dir")
+            raise ConfigError(
+                f"host {host.name!r} runs ComfyUI for pool {pool.name!r} but the host map gives no comfy_dir"
+            )
         address = urlsplit(pool.comfy_url).hostname or host.address
         argv = (
             _venv_bin(config, pool.host, "python"), str(Path(host.comfy_dir) / "main.py"),

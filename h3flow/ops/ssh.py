@@ -99,8 +99,17 @@ def remote(host: ResolvedHost, *, ssh_config: Path | None = None, timeout: float
 
 def spec_json(spec: ServiceSpec) -> dict[str, Any]:
     """What the agent needs of a spec to spawn or stop it (health stays here)."""
-    return {"name": spec.name, "kind": spec.kind, "host": spec.host, "argv": list(spec.argv), "env": dict(spec.env),
-            "cwd": spec.cwd, "log": spec.log, "pidfile": spec.pidfile, "stop_grace": spec.stop_grace}
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "host": spec.host,
+        "argv": list(spec.argv),
+        "env": dict(spec.env),
+        "cwd": spec.cwd,
+        "log": spec.log,
+        "pidfile": spec.pidfile,
+        "stop_grace": spec.stop_grace,
+    }
 
 
 class SshRunner:
@@ -166,8 +175,9 @@ class SshRunner:
 
     def agent(self, op: str, request: dict[str, Any], *, timeout: float = 120.0) -> dict[str, Any]:
         """Ask the h3flow agent in the host's venv to do ``op`` (see :mod:`h3flow.ops.agent`)."""
-        code, out, err = self.exec([self.python, "-m", "h3flow.ops.agent", op], stdin=json.dumps(request),
-                                   timeout=timeout)
+        code, out, err = self.exec(
+            [self.python, "-m", "h3flow.ops.agent", op], stdin=json.dumps(request), timeout=timeout
+        )
         return agent_answer(op, code, out, err, self.where, self.python)
 
     # -- Runner
@@ -175,8 +185,9 @@ class SshRunner:
         code, out, err = self.exec(["sh", "-c", _INSPECT, "h3flow-inspect", spec.pidfile], timeout=30.0)
         if code != 0:
             raise H3FlowError(f"{self.where}: cannot inspect {spec.name}: {err.strip()[-200:]}")
-        return proc_from(dict(line.split(" ", 1) if " " in line else (line, "") for line in out.splitlines()),
-                         spec.argv)
+        return proc_from(
+            dict(line.split(" ", 1) if " " in line else (line, "") for line in out.splitlines()), spec.argv
+        )
 
     def spawn(self, spec: ServiceSpec) -> Proc:
         answer = self.agent("spawn", spec_json(spec), timeout=60.0)
@@ -255,9 +266,11 @@ def agent_answer(op: str, code: int, out: str, err: str, where: str, python: str
         return answer
     last = (err.strip() or out.strip()).splitlines()[-1:] or [f"exit status {code}"]
     if "No module named h3flow" in err or "No module named 'h3flow'" in err:
-        raise H3FlowError(f"{where}: h3flow is not installed in {posixpath.dirname(posixpath.dirname(python))} "
-                          f"(pip install it there: the workers run from that venv)")
-    if code == 127 or "No such file" in last[0] and python in last[0]:
+        raise H3FlowError(
+            f"{where}: h3flow is not installed in {posixpath.dirname(posixpath.dirname(python))} "
+            f"(pip install it there: the workers run from that venv)"
+        )
+    if code == 127 or ("No such file" in last[0] and python in last[0]):
         raise H3FlowError(f"{where}: no python at {python} (create the venv named in the host map)")
     raise H3FlowError(f"{where}: the h3flow agent failed ({op}): {last[0][-300:]}")
 
@@ -274,7 +287,7 @@ def proc_from(facts: dict[str, str], argv: Sequence[str]) -> Proc:
         return Proc(pid, False, stale=True)
     cmdline = base64.b64decode(facts["cmdline"]).rstrip(b"\0").split(b"\0")
     want = [arg.encode() for arg in argv]
-    if cmdline[-len(want):] != want:  # a script's shebang puts the interpreter first: compare the tail
+    if cmdline[-len(want) :] != want:  # a script's shebang puts the interpreter first: compare the tail
         return Proc(pid, False, stale=True)
     started = None
     with contextlib.suppress(ValueError, IndexError, ZeroDivisionError):
@@ -285,7 +298,9 @@ def proc_from(facts: dict[str, str], argv: Sequence[str]) -> Proc:
 class SshRunners:
     """``runner_for`` over SSH: one :class:`SshRunner` (and connection) per host, opened on first use."""
 
-    def __init__(self, config: LocalConfig, *, ssh_config: Path | None = None, timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self, config: LocalConfig, *, ssh_config: Path | None = None, timeout: float = CONNECT_TIMEOUT
+    ) -> None:
         self.config = config
         self.ssh_config = ssh_config
         self.timeout = timeout

@@ -39,8 +39,11 @@ def occupancy(manifests: list[Manifest], lane: str) -> Occupancy:
             if start_key in rec.timeline and end_key in rec.timeline:
                 spans[(resource, rec.clip.spec)].append((rec.timeline[start_key], rec.timeline[end_key]))
                 continue
-            first, last = (rec.stages.get("encode"), rec.stages.get("sample")) if lane == "sample" else (
-                rec.stages.get("decode"), rec.stages.get("decode"))
+            first, last = (
+                (rec.stages.get("encode"), rec.stages.get("sample"))
+                if lane == "sample"
+                else (rec.stages.get("decode"), rec.stages.get("decode"))
+            )
             if first and last and first.started is not None and last.started is not None and not last.cached:
                 out[(resource, rec.clip.spec)].append(last.started + (last.seconds or 0.0) - first.started)
         for key, runs in spans.items():

@@ -20,6 +20,7 @@ from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
 from h3flow.core.errors import H3FlowError
+from h3flow.core.files import file_intact
 from h3flow.core.fsutil import sha256_file
 from h3flow.pipeline.manifest import ClipRecord, Manifest, StageRecord, save_manifest
 from h3flow.pipeline.prefect_api import PrefectApi
@@ -62,7 +63,9 @@ Chooser = Callable[[Clip, list[str], LiveState, float], str]
 
 def earliest_finish(clip: Clip, pools: list[str], state: LiveState, now: float) -> str:
     """The pool that would finish this clip first, from the durations measured so far."""
-    return min(pools, key=lambda p: (max(state.busy_until.get(p, now), now) + state.estimate(p, clip.spec, "sample"), p))
+    return min(
+        pools, key=lambda p: (max(state.busy_until.get(p, now), now) + state.estimate(p, clip.spec, "sample"), p)
+    )
 
 
 def planner_chooser(config: LocalConfig) -> Chooser:
@@ -195,8 +198,12 @@ class Dispatcher:
                 "retransfer": rec.clip.id in self.retransfer,
             }
             run_id = self.timed(
-                self.api.submit, f"sample-clip/{pool}", params, f"{self.manifest.run_id}-{rec.clip.id}-s{rec.attempts}",
-                f"{rec.clip.id}·sample·{pool}", self.run_tag,
+                self.api.submit,
+                f"sample-clip/{pool}",
+                params,
+                f"{self.manifest.run_id}-{rec.clip.id}-s{rec.attempts}",
+                f"{rec.clip.id}·sample·{pool}",
+                self.run_tag,
             )
             self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
             start = max(self.state.busy_until.get(pool, now), now)
@@ -226,7 +233,9 @@ class Dispatcher:
             rec.state = "decoding"
             rec.timeline["decode_submitted"] = time.time()
             key = f"{self.manifest.run_id}-{rec.clip.id}-d{rec.attempts}-{len(self.children)}-{time.time():.0f}"
-            run_id = self.timed(self.api.submit, f"decode-clip/{decoder}", params, key, f"{rec.clip.id}·decode·{decoder}", self.run_tag)
+            run_id = self.timed(
+                self.api.submit, f"decode-clip/{decoder}", params, key, f"{rec.clip.id}·decode·{decoder}", self.run_tag
+            )
             self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, time.time())
             changed = True
         return changed
@@ -265,7 +274,9 @@ class Dispatcher:
             self.retransfer.discard(rec.clip.id)
             took = time.time() - child.submitted
             self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(took)
-            self.state.busy_until[child.pool] = time.time() if self.in_flight(child.pool) == 0 else self.state.busy_until.get(child.pool, time.time())
+            self.state.busy_until[child.pool] = (
+                time.time() if self.in_flight(child.pool) == 0 else self.state.busy_until.get(child.pool, time.time())
+            )
         else:
             rec.output = records["decode"]["path"]
             rec.output_sha256 = records["decode"]["sha256"]
@@ -347,9 +358,8 @@ def reconcile(config: LocalConfig, manifest: Manifest) -> set[str]:
     """
     resend: set[str] = set()
     for rec in manifest.clips.values():
-        if rec.state == "delivered" and rec.output and Path(rec.output).exists():
-            if sha256_file(rec.output) == rec.output_sha256:
-                continue
+        if rec.state == "delivered" and rec.output and file_intact(rec.output, rec.output_sha256):
+            continue
         if rec.latent_sha256 and rec.decoder and latent_on_decoder(config, rec.decoder, rec.latent_sha256):
             rec.state = "sampled"
         elif rec.state != "failed":

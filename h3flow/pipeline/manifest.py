@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -27,11 +27,11 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def new_run_id(batch_name: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9-]+", "-", batch_name).strip("-")[:24] or "batch"
     return f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
@@ -81,7 +81,9 @@ class Manifest(BaseModel):
     finished: float | None = None
     error: str | None = None
     planned_makespan: float | None = None
-    dispatch_overhead_s: float = Field(0.0, description="the dispatcher's per-clip API work: submitting children, reading their records")
+    dispatch_overhead_s: float = Field(
+        0.0, description="the dispatcher's per-clip API work: submitting children, reading their records"
+    )
     clips: dict[str, ClipRecord]
 
     @property

@@ -30,7 +30,7 @@ COVERS = {
 }
 
 
-def plan_for_manifest(manifest, config: LocalConfig) -> Schedule | None:  # noqa: ANN001 - a Manifest
+def plan_for_manifest(manifest, config: LocalConfig) -> Schedule | None:
     """Plan the manifest's clips on ``config``'s topology; None when the profile cannot (logged)."""
     try:
         profile = load_profile()
@@ -55,13 +55,15 @@ def _artifact(run_id: str, schedule: Schedule) -> None:
     rows = []
     for cid, runs in schedule.by_clip().items():
         ends = {r.stage: r for r in runs}
-        rows.append({
-            "clip": cid,
-            "pool": schedule.pool_of[cid],
-            "decoder": schedule.decoder_of[cid],
-            "sampled_at_s": round(ends["handoff"].end, 1),
-            "delivered_at_s": round(ends["mux"].end, 1),
-        })
+        rows.append(
+            {
+                "clip": cid,
+                "pool": schedule.pool_of[cid],
+                "decoder": schedule.decoder_of[cid],
+                "sampled_at_s": round(ends["handoff"].end, 1),
+                "delivered_at_s": round(ends["mux"].end, 1),
+            }
+        )
     try:
         from prefect.artifacts import create_table_artifact
 

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from h3flow.config.models import LocalConfig
@@ -64,7 +64,10 @@ class PrefectApi:
         runs = self.client.read_flow_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(r) for r in run_ids]))
         )
-        return {str(r.id): (r.state_type.value if r.state_type else "PENDING", r.state.message if r.state else None) for r in runs}
+        return {
+            str(r.id): (r.state_type.value if r.state_type else "PENDING", r.state.message if r.state else None)
+            for r in runs
+        }
 
     def records(self, run_id: str) -> dict[str, dict[str, Any]]:
         from uuid import UUID
@@ -85,7 +88,7 @@ class PrefectApi:
     def worker_alive(self, work_pool: str) -> bool:
         workers = self.client.read_workers_for_work_pool(work_pool)
         stale_s = settings().worker_stale_s
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         return any(
             w.last_heartbeat_time is not None and (now - w.last_heartbeat_time).total_seconds() < stale_s
             for w in workers

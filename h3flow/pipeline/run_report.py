@@ -74,8 +74,12 @@ def executed_schedule(manifest: Manifest, config: LocalConfig) -> Any:
             start = got.started - t0
             runs.append(StageRun(cid, stage, resource, start, start + got.seconds))
     return Schedule(
-        topology=config.topology, policy="executed", clips=list(manifest.clips), runs=runs,
-        pool_of=pool_of, decoder_of=decoder_of,
+        topology=config.topology,
+        policy="executed",
+        clips=list(manifest.clips),
+        runs=runs,
+        pool_of=pool_of,
+        decoder_of=decoder_of,
     )
 
 
@@ -107,7 +111,9 @@ def write_run_report(manifest: Manifest, config: LocalConfig) -> dict[str, Path]
         if schedule.runs:
             resources = Resources.from_config(config, load_profile().encoder_vram_gb)
             paths["gantt"] = draw(
-                schedule, resources, folder / "gantt.png",
+                schedule,
+                resources,
+                folder / "gantt.png",
                 f"run {manifest.run_id} as executed on {config.topology} ({info['makespan_s']} s)",
             )
     except Exception as exc:  # noqa: BLE001 - a missing chart must not fail a delivered run

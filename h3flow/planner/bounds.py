@@ -94,9 +94,7 @@ def lower_bound(planner: Planner, clips: list[ClipLike]) -> Bound:
         w = {name: s / total for name, s in speed.items()}
         load = 0.0
         for k, members in kinds.items():
-            cheapest = min(
-                w[p.name] * occupancy[(k, p.name)] + w[p.encoder] * encoder_cost[(k, p.name)] for p in pools
-            )
+            cheapest = min(w[p.name] * occupancy[(k, p.name)] + w[p.encoder] * encoder_cost[(k, p.name)] for p in pools)
             load += cheapest * len(members)
         t_star = max(t_star, load)
     sampling = t_star + min(tail.values())

@@ -40,18 +40,24 @@ def fit_profile(
         samples[(pool.gpu_model, pool.ulysses_degree, spec)].extend(seconds)
     for (model, degree, spec), seconds in sorted(samples.items()):
         held = statistics.median(seconds)
-        others = sum(
-            lookup(lambda stage=stage: getattr(profile, stage)(model, spec, "calibrate")) for stage in ("encode", "offload")
-        ) + lookup(lambda: profile.handoff(spec, "calibrate"))
+        others = (
+            lookup(profile.encode, model, spec, "calibrate")
+            + lookup(profile.offload, model, spec, "calibrate")
+            + lookup(profile.handoff, spec, "calibrate")
+        )
         value = round(max(held - others, MIN_SECONDS), 3)
-        raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("sample", {}).setdefault(spec, {})[str(degree)] = value
-        notes.append(f"gpu.{model}.sample.{spec}.{degree} = {value} s (median of {len(seconds)} clips held {held:.2f} s)")
+        raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("sample", {}).setdefault(spec, {})[str(degree)] = (
+            value
+        )
+        notes.append(
+            f"gpu.{model}.sample.{spec}.{degree} = {value} s (median of {len(seconds)} clips held {held:.2f} s)"
+        )
     decodes: dict[tuple[str, str], list[float]] = defaultdict(list)
     for (decoder, spec), seconds in decoded.items():
         decodes[(config.pool(decoder).gpu_model, spec)].extend(seconds)
     for (model, spec), seconds in sorted(decodes.items()):
         held = statistics.median(seconds)
-        value = round(max(held - lookup(lambda: profile.mux(model, spec, "calibrate")), MIN_SECONDS), 3)
+        value = round(max(held - lookup(profile.mux, model, spec, "calibrate"), MIN_SECONDS), 3)
         raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("decode", {})[spec] = value
         notes.append(f"gpu.{model}.decode.{spec} = {value} s (median of {len(seconds)} clips held {held:.2f} s)")
     if not notes:
@@ -59,9 +65,10 @@ def fit_profile(
     return raw, notes
 
 
-def lookup(get: Any) -> float:
+def lookup(get: Any, *args: Any) -> float:
+    """A profile value, or 0 where the profile has none."""
     try:
-        return float(get())
+        return float(get(*args))
     except ConfigError:
         return 0.0
 

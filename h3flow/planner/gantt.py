@@ -39,7 +39,9 @@ def draw(
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    lanes = [(p.name, p.label + (f"\nencoded on {p.encoder}" if p.encoder != p.name else "")) for p in resources.samplers]
+    lanes = [
+        (p.name, p.label + (f"\nencoded on {p.encoder}" if p.encoder != p.name else "")) for p in resources.samplers
+    ]
     lanes += [(lk.name, lk.label) for lk in resources.links]
     lanes += [(d.name, d.label) for d in resources.decoders]
     row = {name: i for i, (name, _) in enumerate(lanes)}
@@ -55,16 +57,27 @@ def draw(
         y = row[run.resource]
         width = max(run.end - run.start, span * 0.002)  # sub-second stages stay visible
         ax.barh(
-            y, width, left=run.start, height=height, color=colour[run.clip], alpha=alpha,
-            hatch=hatch, edgecolor="black", linewidth=0.4,
+            y,
+            width,
+            left=run.start,
+            height=height,
+            color=colour[run.clip],
+            alpha=alpha,
+            hatch=hatch,
+            edgecolor="black",
+            linewidth=0.4,
         )
         if run.stage in ("sample", "decode") and len(clips) <= 60 and (run.end - run.start) > span * 0.028:
-            ax.text(run.start + (run.end - run.start) / 2, y, run.clip, ha="center", va="center", fontsize=8, color="black")
+            ax.text(
+                run.start + (run.end - run.start) / 2, y, run.clip, ha="center", va="center", fontsize=8, color="black"
+            )
     marks = [Line2D([0], [0], color="black", linewidth=1.2, label=f"makespan {span:.1f} s")]
     ax.axvline(span, color="black", linewidth=1.2)
     if lower_bound:
         ax.axvline(lower_bound, color="firebrick", linestyle="--", linewidth=1.2)
-        marks.append(Line2D([0], [0], color="firebrick", linestyle="--", linewidth=1.2, label=f"lower bound {lower_bound:.1f} s"))
+        marks.append(
+            Line2D([0], [0], color="firebrick", linestyle="--", linewidth=1.2, label=f"lower bound {lower_bound:.1f} s")
+        )
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([label for _, label in lanes], fontsize=9)
     ax.set_ylim(len(lanes) - 0.4, -0.7)
@@ -81,12 +94,23 @@ def draw(
         *marks,
     ]
     fig.legend(
-        handles=stages, loc="upper left", bbox_to_anchor=(0.85, 0.93), fontsize=8, title="stage", title_fontsize=8, frameon=False
+        handles=stages,
+        loc="upper left",
+        bbox_to_anchor=(0.85, 0.93),
+        fontsize=8,
+        title="stage",
+        title_fontsize=8,
+        frameon=False,
     )
     if len(clips) <= 20:
         fig.legend(
             handles=[Patch(facecolor=colour[c], edgecolor="black", label=c) for c in clips],
-            loc="lower left", bbox_to_anchor=(0.85, 0.08), fontsize=8, title="clip", title_fontsize=8, frameon=False,
+            loc="lower left",
+            bbox_to_anchor=(0.85, 0.08),
+            fontsize=8,
+            title="clip",
+            title_fontsize=8,
+            frameon=False,
         )
     fig.tight_layout(rect=(0, 0, 0.845, 1))
     with atomic_writer(Path(path), "wb") as handle:

@@ -148,9 +148,7 @@ class EarliestFinish:
 
     def order(self, clips: Sequence[C]) -> list[C]:
         fastest = self.planner.resources.samplers
-        work = {
-            (c.spec, c.frames): min(self.planner.sampler_times(c, p).total for p in fastest) for c in clips
-        }
+        work = {(c.spec, c.frames): min(self.planner.sampler_times(c, p).total for p in fastest) for c in clips}
         return sorted(clips, key=lambda c: -work[(c.spec, c.frames)])
 
     def choose_pool(self, clip: ClipLike, state: State) -> str | None:

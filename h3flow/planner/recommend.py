@@ -35,7 +35,9 @@ class Evaluation:
         return [d.name for d in self.candidate.resources.decoders] if self.candidate.resources else []
 
 
-def evaluate(candidate: Candidate, clips: list[PlanClip], profile: Profile, policy: str, check: bool = True) -> Evaluation:
+def evaluate(
+    candidate: Candidate, clips: list[PlanClip], profile: Profile, policy: str, check: bool = True
+) -> Evaluation:
     """Simulate ``clips`` on ``candidate`` under ``policy`` (and the design's, for comparison)."""
     ev = Evaluation(candidate)
     if candidate.resources is None:
@@ -135,7 +137,10 @@ def row(ev: Evaluation, base: Evaluation | None) -> dict[str, Any]:
         makespan_s=round(s.makespan, 3),
         clips_per_hour=round(s.clips_per_hour, 3),
         gain_over_baseline=round(s.clips_per_hour / base.rate - 1, 5) if base and base.rate else None,
-        design_policy={"makespan_s": round(ev.design.makespan, 3), "clips_per_hour": round(ev.design.clips_per_hour, 3)},
+        design_policy={
+            "makespan_s": round(ev.design.makespan, 3),
+            "clips_per_hour": round(ev.design.clips_per_hour, 3),
+        },
         lower_bound_s=round(ev.bound.seconds, 3),
         lower_bound_binding=ev.bound.binding,
         makespan_over_lower_bound=round(s.makespan / ev.bound.seconds, 4),
@@ -152,7 +157,9 @@ def row(ev: Evaluation, base: Evaluation | None) -> dict[str, Any]:
     return out
 
 
-def report_json(evals: list[Evaluation], base: Evaluation, rec: Recommendation | None, meta: dict[str, Any]) -> dict[str, Any]:
+def report_json(
+    evals: list[Evaluation], base: Evaluation, rec: Recommendation | None, meta: dict[str, Any]
+) -> dict[str, Any]:
     return {
         **meta,
         "baseline": {"topology": base.name, "clips_per_hour": round(base.rate, 3), "why": BASELINE_WHY},

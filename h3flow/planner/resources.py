@@ -87,7 +87,7 @@ class Resources:
         return [p.name for p in self.samplers] + [lk.name for lk in self.links] + [d.name for d in self.decoders]
 
     @classmethod
-    def from_config(cls, config: LocalConfig, encoder_vram_gb: float) -> "Resources":
+    def from_config(cls, config: LocalConfig, encoder_vram_gb: float) -> Resources:
         """The topology in ``config``; pools that cannot hold the encoder borrow one that can."""
         need = encoder_vram_gb if config.model.kind == "h3" else 0.0
         pools = config.samplers

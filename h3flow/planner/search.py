@@ -37,10 +37,10 @@ class Candidate:
     def feasible(self) -> bool:
         return self.resources is not None
 
-    def hardware_leq(self, other: "Candidate") -> bool:
+    def hardware_leq(self, other: Candidate) -> bool:
         return self.gpus <= other.gpus and self.extras <= other.extras and self.decoders <= other.decoders
 
-    def less_hardware(self, other: "Candidate") -> bool:
+    def less_hardware(self, other: Candidate) -> bool:
         """Strictly less hardware than ``other`` (a subset of it)."""
         return self.hardware_leq(other) and not other.hardware_leq(self)
 
@@ -65,7 +65,7 @@ def partitions(total: int, degrees: tuple[int, ...] = ULYSSES_DEGREES) -> list[t
             out.append(prefix)
         for d in sorted(degrees, reverse=True):
             if d <= largest and d <= left:
-                grow(prefix + (d,), d, left - d)
+                grow((*prefix, d), d, left - d)
 
     grow((), max(degrees), total)
     return sorted(out, key=lambda p: (-sum(p), len(p), tuple(-x for x in p)))
@@ -118,7 +118,11 @@ def build(hm: HostMap, topology: str, profile: Profile, decoder_hosts: tuple[str
         name = f"{name}@{'+'.join(decoder_hosts)}"
         hm = _only_decoders(hm, decoder_hosts)
     main = main_sampler_host(hm)
-    extras = frozenset(h.name for h in hm.hosts if "sample" in h.roles and h is not main) if topo.extra_samplers else frozenset()
+    extras = (
+        frozenset(h.name for h in hm.hosts if "sample" in h.roles and h is not main)
+        if topo.extra_samplers
+        else frozenset()
+    )
     base = dict(name=name, canonical=topo.canonical, gpus=topo.gpus_used, extras=extras)
     try:
         config = adapt(hm, topology)

@@ -216,7 +216,9 @@ class _Sim:
                 self.dispatch(now, pending)
             self.start_work(now)
             if pending:
-                heads = [j[0].handed for j in self.inflight.values() if j and j[0].handed is not None and j[0].handed > now]
+                heads = [
+                    j[0].handed for j in self.inflight.values() if j and j[0].handed is not None and j[0].handed > now
+                ]
                 release = min(heads, default=now)
             later = [t for t in self.free_at.values() if t > now]
             if not later:
@@ -289,7 +291,9 @@ class BestOf:
         self.schedules = {}
         for candidate in self.candidates:
             self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
-        ranked = sorted(enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0]))  # type: ignore[attr-defined]
+        ranked = sorted(
+            enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0])
+        )  # type: ignore[attr-defined]
         self.chosen = ranked[0][1]
         self.chosen.reset()
         return self.chosen.order(clips)

@@ -34,11 +34,11 @@ class PlanClip:
     frames: int
 
     @classmethod
-    def of(cls, clip: ClipLike) -> "PlanClip":
+    def of(cls, clip: ClipLike) -> PlanClip:
         return clip if isinstance(clip, PlanClip) else cls(clip.id, clip.spec, clip.frames)
 
     @classmethod
-    def make(cls, id: str, spec: str = "sd", seconds: float = 5.0) -> "PlanClip":  # noqa: A002 - the clip's id
+    def make(cls, id: str, spec: str = "sd", seconds: float = 5.0) -> PlanClip:
         return cls(id, spec, frames_for_seconds(seconds))
 
 
@@ -79,7 +79,9 @@ class Planner:
         scale = p.length_factor(clip.frames)
         looked = p.sample(pool.gpu_model, pool.degree, spec, why)
         if looked.modelled:
-            self.modelled[f"{pool.gpu_model} ×{pool.degree} {spec} sample"] = f"{looked.seconds:.1f} s: {looked.modelled}"
+            self.modelled[f"{pool.gpu_model} ×{pool.degree} {spec} sample"] = (
+                f"{looked.seconds:.1f} s: {looked.modelled}"
+            )
         times = SamplerTimes(
             encode=_m(measured, encoder.name, "encode", spec, p.encode(encoder.gpu_model, spec, why)),
             offload=_m(measured, encoder.name, "offload", spec, p.offload(encoder.gpu_model, spec, why)),
@@ -126,7 +128,12 @@ class Planner:
         out = (
             self.sampler_times(clip, pool, measured),
             [
-                (dec.name, link.name, self.transfer_time(clip, link, measured), sum(self.decoder_times(clip, dec, measured)))
+                (
+                    dec.name,
+                    link.name,
+                    self.transfer_time(clip, link, measured),
+                    sum(self.decoder_times(clip, dec, measured)),
+                )
                 for dec, link in self.resources.routes(pool)
             ],
         )

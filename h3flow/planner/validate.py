@@ -9,6 +9,7 @@ time; no resource does two things at once; a sampler pool holds one clip at a ti
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right
 
 from h3flow.planner.timing import ClipLike, Planner
@@ -17,7 +18,7 @@ ORDER = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
 EPS = 1e-6
 
 
-def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  # noqa: ANN001 - a Schedule
+def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:
     """Every violation found, as one line each; empty when the schedule is valid."""
     problems: list[str] = []
     res = planner.resources
@@ -36,10 +37,12 @@ def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  #
     for clip in clips:
         stages = by_clip.get(clip.id, {})
         if sorted(stages) != sorted(ORDER) or any(len(v) != 1 for v in stages.values()):
-            problems.append(f"{clip.id}: stages {sorted((s, len(v)) for s, v in stages.items())}, want each of {ORDER} once")
+            problems.append(
+                f"{clip.id}: stages {sorted((s, len(v)) for s, v in stages.items())}, want each of {ORDER} once"
+            )
             continue
         run = {s: v[0] for s, v in stages.items()}
-        for before, after in zip(ORDER, ORDER[1:]):
+        for before, after in itertools.pairwise(ORDER):
             if run[after].start < run[before].end - EPS:
                 problems.append(
                     f"{clip.id}: {after} starts at {run[after].start:.3f} before {before} ends at {run[before].end:.3f}"
@@ -84,7 +87,7 @@ def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  #
         per_resource.setdefault(r.resource, []).append(r)
     for name, runs in per_resource.items():
         runs.sort(key=lambda r: (r.start, r.end))
-        for a, b in zip(runs, runs[1:]):
+        for a, b in itertools.pairwise(runs):
             if b.start < a.end - EPS:
                 first, second = f"[{a.start:.3f}, {a.end:.3f}]", f"[{b.start:.3f}, {b.end:.3f}]"
                 problems.append(f"{name}: {a.clip} {a.stage} {first} overlaps {b.clip} {b.stage} {second}")
@@ -95,5 +98,7 @@ def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:  #
         for start, end, cid in spans:
             for r in runs[bisect_right(ends, start + EPS) : bisect_left(starts, end - EPS)]:
                 if r.clip != cid:
-                    problems.append(f"{name}: {r.clip} {r.stage} runs while the pool holds {cid} [{start:.3f}, {end:.3f}]")
+                    problems.append(
+                        f"{name}: {r.clip} {r.stage} runs while the pool holds {cid} [{start:.3f}, {end:.3f}]"
+                    )
     return problems

@@ -54,12 +54,23 @@ def _decode_audio(audio: torch.Tensor, samples: int | None, *, rate: int) -> tor
 
     omega = 2 * math.pi * oscillator_hz() / rate  # [32] radians per sample
     start = torch.arange(segments, dtype=torch.float64) * per_step
-    theta = torch.remainder(omega[:, None] * start[None, :], 2 * math.pi) + torch.arange(AUDIO_CHANNELS)[:, None] * GOLDEN_ANGLE
+    theta = (
+        torch.remainder(omega[:, None] * start[None, :], 2 * math.pi)
+        + torch.arange(AUDIO_CHANNELS)[:, None] * GOLDEN_ANGLE
+    )
     m = torch.arange(per_step, dtype=torch.float64)
     # tone = sin(a) + 1/4 sin(2a); sin(t + w m) = sin t cos(w m) + cos t sin(w m)
-    tables = torch.cat([torch.cos(omega[:, None] * m), torch.sin(omega[:, None] * m),
-                        torch.cos(2 * omega[:, None] * m), torch.sin(2 * omega[:, None] * m)])  # [128, per_step]
-    phase = torch.cat([torch.sin(theta), torch.cos(theta), 0.25 * torch.sin(2 * theta), 0.25 * torch.cos(2 * theta)])  # [128, S]
+    tables = torch.cat(
+        [
+            torch.cos(omega[:, None] * m),
+            torch.sin(omega[:, None] * m),
+            torch.cos(2 * omega[:, None] * m),
+            torch.sin(2 * omega[:, None] * m),
+        ]
+    )  # [128, per_step]
+    phase = torch.cat(
+        [torch.sin(theta), torch.cos(theta), 0.25 * torch.sin(2 * theta), 0.25 * torch.cos(2 * theta)]
+    )  # [128, S]
 
     def mix(amp: torch.Tensor) -> torch.Tensor:  # [32, 2, S] -> [2, S, per_step]
         coef = amp.repeat(4, 1, 1) * phase[:, None, :]  # [128, 2, S]

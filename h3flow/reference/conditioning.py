@@ -31,6 +31,7 @@ so one conditioning serves every seed.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import re
@@ -71,24 +72,33 @@ SPEED_WORDS: dict[str, float] = {
 # mood -> (words, root semitone above C3, chord intervals in semitones)
 MOODS: dict[str, tuple[frozenset[str], int, tuple[int, ...]]] = {
     "happy": (
-        frozenset("happy bright sunny joyful cheerful summer morning sun playful energetic".split()),
-        0, (0, 4, 7, 12),  # C major
+        frozenset(
+            ["happy", "bright", "sunny", "joyful", "cheerful", "summer", "morning", "sun", "playful", "energetic"]
+        ),
+        0,
+        (0, 4, 7, 12),  # C major
     ),
     "calm": (
-        frozenset("calm peaceful serene quiet lake soft dreamy tranquil still".split()),
-        5, (0, 4, 7, 11),  # F major seventh
+        frozenset(["calm", "peaceful", "serene", "quiet", "lake", "soft", "dreamy", "tranquil", "still"]),
+        5,
+        (0, 4, 7, 11),  # F major seventh
     ),
     "sad": (
-        frozenset("sad dark night melancholy melancholic lonely rain rainy cold winter gloomy".split()),
-        9, (0, 3, 7, 12),  # A minor
+        frozenset(
+            ["sad", "dark", "night", "melancholy", "melancholic", "lonely", "rain", "rainy", "cold", "winter", "gloomy"]
+        ),
+        9,
+        (0, 3, 7, 12),  # A minor
     ),
     "tense": (
-        frozenset("tense storm stormy danger scary ominous thunder fear".split()),
-        11, (0, 3, 6, 9),  # B diminished seventh
+        frozenset(["tense", "storm", "stormy", "danger", "scary", "ominous", "thunder", "fear"]),
+        11,
+        (0, 3, 6, 9),  # B diminished seventh
     ),
     "epic": (
-        frozenset("epic heroic mountain mountains vast grand triumphant sky".split()),
-        2, (0, 7, 12, 19),  # D open fifths
+        frozenset(["epic", "heroic", "mountain", "mountains", "vast", "grand", "triumphant", "sky"]),
+        2,
+        (0, 7, 12, 19),  # D open fifths
     ),
 }
 NEUTRAL_CHORD: tuple[int, tuple[int, ...]] = (0, (0, 7, 12))
@@ -152,12 +162,12 @@ def parse_camera(prompt: str) -> CameraPath:
     speed = 1.0
     for w in ws:
         speed *= SPEED_WORDS.get(w, 1.0)
-    if any(w in STATIC_WORDS for w in ws) or any(a == "still" and b in STILL_NOUNS for a, b in zip(ws, ws[1:])):
+    if any(w in STATIC_WORDS for w in ws) or any(a == "still" and b in STILL_NOUNS for a, b in itertools.pairwise(ws)):
         return CameraPath(0.0, 0.0, 0.0, 0.0)
     pan_x = float(sum(w in RIGHT for w in ws) - sum(w in LEFT for w in ws))
     pan_y = float(sum(w in DOWN for w in ws) - sum(w in UP for w in ws))
     zoom = 0.0
-    for prev, w in zip(ws, ws[1:]):
+    for prev, w in itertools.pairwise(ws):
         if prev in ZOOM_VERBS and w == "in":
             zoom += 1.0
         elif prev in ZOOM_VERBS and w in {"out", "back", "away"}:
@@ -166,7 +176,9 @@ def parse_camera(prompt: str) -> CameraPath:
     pan_x, pan_y, zoom = (max(-1.0, min(1.0, v)) for v in (pan_x, pan_y, zoom))
     if pan_x == pan_y == zoom == 0.0:
         zoom, speed = 1.0, speed * 0.5  # the default: a slow push in
-    return CameraPath(pan_x * PAN_PER_SECOND * speed, pan_y * PAN_PER_SECOND * speed, zoom * ZOOM_PER_SECOND * speed, speed)
+    return CameraPath(
+        pan_x * PAN_PER_SECOND * speed, pan_y * PAN_PER_SECOND * speed, zoom * ZOOM_PER_SECOND * speed, speed
+    )
 
 
 def parse_audio(prompt: str) -> AudioParams:
@@ -267,7 +279,9 @@ def _canonical(data: bytes) -> bytes:
 
 def save_conditioning(path: str | Path, cond: Conditioning) -> str:
     """Write ``cond`` as safetensors, atomically; returns the file's SHA-256."""
-    data = _canonical(st_save({k: v.detach().cpu().contiguous() for k, v in cond.tensors().items()}, metadata=dict(cond.meta)))
+    data = _canonical(
+        st_save({k: v.detach().cpu().contiguous() for k, v in cond.tensors().items()}, metadata=dict(cond.meta))
+    )
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 
@@ -285,13 +299,19 @@ def load_conditioning(path: str | Path, expected_sha256: str | None = None) -> C
     except FileNotFoundError:
         raise H3FlowError(f"conditioning {path}: no such file") from None
     if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
-        raise IntegrityError(f"conditioning {path}: SHA-256 {sha256_bytes(data)[:12]}... != expected {expected_sha256[:12]}...")
+        raise IntegrityError(
+            f"conditioning {path}: SHA-256 {sha256_bytes(data)[:12]}... != expected {expected_sha256[:12]}..."
+        )
     try:
         tensors = st_load(data)
         meta = _metadata(data)
-    except Exception as exc:  # safetensors raises its own error types
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own, unexported error types
         raise H3FlowError(f"conditioning {path}: not a safetensors file ({str(exc).splitlines()[0]})") from None
     missing = {"first_frame", "camera", "audio_notes", "audio_params"} - tensors.keys()
     if missing or meta.get("format") != FORMAT:
-        raise H3FlowError(f"conditioning {path}: not an h3flow conditioning file (missing {sorted(missing) or 'format'})")
-    return Conditioning(tensors["first_frame"], tensors["camera"], tensors["audio_notes"], tensors["audio_params"], meta)
+        raise H3FlowError(
+            f"conditioning {path}: not an h3flow conditioning file (missing {sorted(missing) or 'format'})"
+        )
+    return Conditioning(
+        tensors["first_frame"], tensors["camera"], tensors["audio_notes"], tensors["audio_params"], meta
+    )

@@ -84,7 +84,9 @@ def from_tokens(tokens: torch.Tensor, t: int, h: int, w: int) -> torch.Tensor:
     return x.reshape(1, VIDEO_CHANNELS, t, h, w).contiguous()
 
 
-def camera_target(first_frame: torch.Tensor, camera: torch.Tensor, latent_t: int, speed_factor: float = 1.0) -> torch.Tensor:
+def camera_target(
+    first_frame: torch.Tensor, camera: torch.Tensor, latent_t: int, speed_factor: float = 1.0
+) -> torch.Tensor:
     """The first-frame latent ``[1, 24, 1, h, w]`` seen along the camera path: ``[1, 24, T, h, w]``.
 
     Where the view leaves the picture it sees the picture mirrored. Mirroring a patch
@@ -127,7 +129,9 @@ def audio_target(notes: torch.Tensor, params: torch.Tensor, steps: int, gen: tor
     return amp[None].contiguous()
 
 
-def euler(x: torch.Tensor, sigmas: torch.Tensor, predict: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+def euler(
+    x: torch.Tensor, sigmas: torch.Tensor, predict: Callable[[torch.Tensor, float], torch.Tensor]
+) -> torch.Tensor:
     """Integrate the flow from ``sigmas[0]`` to ``sigmas[-1]`` with Euler steps."""
     for i in range(len(sigmas) - 1):
         sigma, nxt = float(sigmas[i]), float(sigmas[i + 1])
@@ -210,6 +214,8 @@ def sample_latent(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """In-process sampling (degree 1): ``(video [1,24,T,h,w], audio [1,32,2,T40])``."""
     frames = int(cond.meta["frames"]) if frames is None else frames
-    out = sample_shards(ParallelContext(0, 1, torch.device(device)), cond, seed=seed, steps=steps, frames=frames, config=config)
+    out = sample_shards(
+        ParallelContext(0, 1, torch.device(device)), cond, seed=seed, steps=steps, frames=frames, config=config
+    )
     assert out is not None
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ class ParallelContext:
 
     rank: int = 0
     world: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def shard(self, length: int) -> tuple[int, int]:
         """This rank's [start, stop) of a sequence of ``length`` padded to a multiple of world."""

@@ -99,7 +99,7 @@ class PatchEncoder:
     def nbytes(self) -> int:
         return self.basis.numel() * self.basis.element_size()
 
-    def to(self, device: str | torch.device) -> "PatchEncoder":
+    def to(self, device: str | torch.device) -> PatchEncoder:
         self.basis = self.basis.to(device)
         return self
 
@@ -238,7 +238,9 @@ def decode_video(video: torch.Tensor, frames: int, decoder: Fp32Decoder, *, chun
         yield pixels
 
 
-def decode_to_frames(video: torch.Tensor, frames: int, *, int8: bool = True, device: str | torch.device = "cpu") -> torch.Tensor:
+def decode_to_frames(
+    video: torch.Tensor, frames: int, *, int8: bool = True, device: str | torch.device = "cpu"
+) -> torch.Tensor:
     """The whole clip as float RGB ``[frames, H, W, 3]`` in [0, 1] (ComfyUI's IMAGE layout)."""
     decoder = make_decoder(int8, device)
     return torch.cat([chunk.to(torch.float32).div_(255.0) for chunk in decode_video(video, frames, decoder)])

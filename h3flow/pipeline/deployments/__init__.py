@@ -19,7 +19,6 @@ from h3flow.core.fsutil import atomic_write_text
 from h3flow.core.paths import ENTRYPOINTS, SOURCE_DIR
 
 
-
 @dataclass(frozen=True)
 class DeploymentSpec:
     flow: str
@@ -47,7 +46,9 @@ def deployment_specs(config: LocalConfig, config_path: Path) -> list[DeploymentS
     if config.prefect.schedule:
         sched = config.prefect.schedule
         specs.append(
-            DeploymentSpec("batch", "inbox", config.control_work_pool, control, {"config_path": cfg}, sched.cron, sched.timezone)
+            DeploymentSpec(
+                "batch", "inbox", config.control_work_pool, control, {"config_path": cfg}, sched.cron, sched.timezone
+            )
         )
     return specs
 

@@ -70,7 +70,9 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
 
     api = PrefectApi()
     try:
-        result = Dispatcher(config, config_path, manifest, api, choose=planner_chooser(config), on_change=on_change).run()
+        result = Dispatcher(
+            config, config_path, manifest, api, choose=planner_chooser(config), on_change=on_change
+        ).run()
     finally:
         api.close()
     paths = write_run_report(result, config)
@@ -79,7 +81,9 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
         table=report_rows(result),
         description=f"h3flow run {result.run_id}: planned vs actual per clip and stage",
     )
-    logger.info("run %s %s: %d/%d delivered; report %s", result.run_id, result.state, len(result.delivered), total, paths["md"])
+    logger.info(
+        "run %s %s: %d/%d delivered; report %s", result.run_id, result.state, len(result.delivered), total, paths["md"]
+    )
     if "gantt" in paths:
         create_markdown_artifact(
             key=f"gantt-{artifact_key(result.run_id)}",
@@ -118,8 +122,12 @@ def plan_artifact(manifest: Manifest, config_path: str) -> None:
     if schedule is None:
         return
     resources = Resources.from_config(config, load_profile().encoder_vram_gb)
-    path = draw(schedule, resources, run_dir(config.runs_dir, manifest.run_id) / "plan-gantt.png",
-                f"plan for run {manifest.run_id} on {config.topology} ({schedule.makespan:.1f} s)")
+    path = draw(
+        schedule,
+        resources,
+        run_dir(config.runs_dir, manifest.run_id) / "plan-gantt.png",
+        f"plan for run {manifest.run_id} on {config.topology} ({schedule.makespan:.1f} s)",
+    )
     create_markdown_artifact(
         key=f"plan-gantt-{artifact_key(manifest.run_id)}",
         markdown=f"![planned Gantt chart]({gantt_data_uri(path)})",

@@ -48,7 +48,9 @@ def file_ok(result: dict[str, Any]) -> bool:
     return path.exists() and sha256_file(path) == result["sha256"]
 
 
-def run_stage(task: Any, results: Path, verify: Callable[[dict[str, Any]], bool] | None, **params: Any) -> dict[str, Any]:
+def run_stage(
+    task: Any, results: Path, verify: Callable[[dict[str, Any]], bool] | None, **params: Any
+) -> dict[str, Any]:
     """Run a cached task; a cache hit whose file is gone or damaged is recomputed."""
     configured = task.with_options(result_storage=results, cache_policy=stages.host_cache(results))
     state = configured(**params, return_state=True)
@@ -62,7 +64,9 @@ def run_stage(task: Any, results: Path, verify: Callable[[dict[str, Any]], bool]
 
 
 def publish(kind: str, run_id: str, clip_id: str, records: dict[str, dict[str, Any]]) -> None:
-    rows = [{"stage": stage, **{k: v for k, v in rec.items() if k != "free_per_device"}} for stage, rec in records.items()]
+    rows = [
+        {"stage": stage, **{k: v for k, v in rec.items() if k != "free_per_device"}} for stage, rec in records.items()
+    ]
     create_table_artifact(table=rows, description=f"h3flow {kind} · run {run_id} · clip {clip_id}")
 
 

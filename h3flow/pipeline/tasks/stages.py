@@ -24,7 +24,7 @@ from prefect.context import TaskRunContext
 
 from h3flow.config.models import LocalConfig, config_at
 from h3flow.core.batch import Clip
-from h3flow.core.errors import IntegrityError, TransientError  # noqa: F401 - IntegrityError is never retried
+from h3flow.core.errors import IntegrityError, TransientError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
 from h3flow.engines import engine_for
@@ -141,7 +141,12 @@ def offload(pool: str, config_path: str) -> dict[str, Any]:
 
 @task(name="sample", **STAGE_OPTIONS)
 def sample(
-    clip: dict[str, Any], conditioning: dict[str, Any], pool: str, config_path: str, key: str, stage_name: str = "sample"
+    clip: dict[str, Any],
+    conditioning: dict[str, Any],
+    pool: str,
+    config_path: str,
+    key: str,
+    stage_name: str = "sample",
 ) -> dict[str, Any]:
     """Conditioning + seed → .h3latent in the sampler host's content-addressed store."""
     from h3flow.handoff.store import LatentStore
