@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.h3flow-installed
 
-.PHONY: venv system-deps demo test test-fast bench clean
+.PHONY: venv system-deps demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ demo: venv
 
 test: venv system-deps
 	$(PY) -m pytest -q
+
+# ruff (lint + format) and mypy, as CI runs them before the tests
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # the quick tier: no Prefect server, no ComfyUI
 test-fast: venv

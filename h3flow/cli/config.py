@@ -50,7 +50,7 @@ def run_config_adapt(
     if local:
         if host_map is not None:
             raise ConfigError("give either a host map or --local, not both")
-        hm = local_host_map(workdir, base_port, engine=engine or "local")  # type: ignore[arg-type]
+        hm = local_host_map(workdir, base_port, engine=engine or "local")
         config = adapt(hm, topology, work_dir=str(workdir.resolve()))
     else:
         if host_map is None:

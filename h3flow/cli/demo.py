@@ -39,7 +39,7 @@ def ensure_local_config(workdir: Path, base_port: int, engine: str = "local") ->
     path = workdir / "local.json"
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
-        hm = local_host_map(workdir, base_port, engine=engine)  # type: ignore[arg-type]
+        hm = local_host_map(workdir, base_port, engine=engine)
         atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))))
     elif (have := load_local_config(path).engine) != engine:
         raise ConfigError(f"{path} runs engine {have!r}, not {engine!r}: give another --workdir")
@@ -47,9 +47,10 @@ def ensure_local_config(workdir: Path, base_port: int, engine: str = "local") ->
 
 
 def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH, *, engine: str = "local") -> int:
-    from h3flow.cli.runs import finish, print_status, start_run, wait
+    from h3flow.cli.runs import finish, print_status, wait_for
     from h3flow.config.models import load_local_config
     from h3flow.ops.lifecycle import start_services, stop_services
+    from h3flow.pipeline.runs import start_run
 
     if not batch.exists():
         raise ConfigError(f"demo batch {batch} is missing")
@@ -60,7 +61,7 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
     try:
         manifest = start_run(batch, config_path)
         console.print(f"run id: [bold]{manifest.run_id}[/]")
-        manifest = wait(manifest.run_id, config_path, timeout=900)
+        manifest = wait_for(manifest.run_id, config_path, timeout=900)
         print_status(manifest)
         code = finish(manifest)
         run_dir = Path(config.runs_dir) / manifest.run_id

@@ -114,6 +114,7 @@ def run_plan(
             f"{target.name} — {what} — policy {target.schedule.policy} — "
             f"{target.schedule.makespan:.1f} s, {target.schedule.clips_per_hour:.2f} clips/h"
         )
+        assert target.candidate.resources is not None  # a recommended topology is feasible
         try:
             draw(
                 target.schedule,
@@ -121,7 +122,7 @@ def run_plan(
                 gantt,
                 title,
                 target.bound.seconds if target.bound else None,
-            )  # type: ignore[arg-type]
+            )
         except OSError as exc:
             raise ConfigError(f"--gantt {gantt}: cannot write: {exc}") from None
         out["gantt"] = {"topology": target.name, "path": str(gantt)}

@@ -1,16 +1,11 @@
-"""The operator's run commands: deploy, run, wait, status, resume.
+"""The operator's run commands: deploy, run, wait, status, resume (display only).
 
-``run`` validates the batch before anything starts, writes the run's manifest and
-submits the ``batch/run`` deployment; ``wait`` and ``status`` read the manifest (the
-dispatcher rewrites it atomically after every change) and ask Prefect whether the
-dispatcher is still alive; ``resume`` re-submits the same run id, and the dispatcher
-redoes only what the stores do not already hold.
+The work is :mod:`h3flow.pipeline.runs`; this module turns it into tables, progress
+bars and exit codes.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,20 +14,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from h3flow.cli.base import ConfigOpt, app, console, operator_command
-from h3flow.config.models import LocalConfig, load_local_config
-from h3flow.core.batch import load_batch
 from h3flow.core.errors import H3FlowError
-from h3flow.core.fsutil import atomic_write_json
 from h3flow.pipeline.manifest import (
     ClipRecord,
     Manifest,
-    load_manifest,
-    new_manifest,
-    new_run_id,
-    run_dir,
-    save_manifest,
 )
 from h3flow.pipeline.run_report import summary
+from h3flow.pipeline.runs import (
+    deploy_everything,
+    load_run,
+    manifest_json,
+    resume_run,
+    start_run,
+    watch_run,
+)
 
 STATE_STYLE = {
     "pending": "dim",
@@ -44,129 +39,22 @@ STATE_STYLE = {
 }
 
 
-def deploy_all_from(config_path: Path) -> list[str]:
-    from h3flow.pipeline.blocks import save_host_blocks, save_secret_block
-    from h3flow.pipeline.deployments import deploy_all
-
-    config = load_local_config(config_path)
-    names = deploy_all(config, config_path)
-    save_host_blocks(config)
-    save_secret_block(config)
-    return names
-
-
-def submit(config: LocalConfig, config_path: Path, manifest: Manifest, batch_file: str | None) -> str:
-    """Start the dispatcher as a run of the ``batch/run`` deployment; returns its flow run id."""
-    from prefect.deployments import run_deployment
-
-    from h3flow.pipeline.prefect_api import prefect_api
-
-    try:
-        with prefect_api(config):
-            run = run_deployment(
-                "batch/run",
-                parameters={"batch": batch_file, "run_id": manifest.run_id, "config_path": str(config_path.resolve())},
-                timeout=0,
-                as_subflow=False,
-                flow_run_name=manifest.run_id,
-            )
-    except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
-        raise H3FlowError(
-            f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)"
-        ) from None
-    return str(run.id)
-
-
-def start_run(batch_file: Path, config_path: Path) -> Manifest:
-    config = load_local_config(config_path)
-    batch = load_batch(batch_file)
-    manifest = new_manifest(new_run_id(batch.name), batch.name, batch.clips, str(config_path.resolve()))
-    save_manifest(config.runs_dir, manifest)
-    record_dispatcher(config, manifest, submit(config, config_path, manifest, str(batch_file.resolve())))
-    return manifest
-
-
-def submitted_path(config: LocalConfig, run_id: str) -> Path:
-    return run_dir(config.runs_dir, run_id) / "dispatchers.json"
-
-
-def record_dispatcher(config: LocalConfig, manifest: Manifest, flow_run_id: str) -> None:
-    """Note the dispatcher's flow run at once (beside the manifest, which only the
-    dispatcher writes), so `wait` can tell if it dies before it ever starts."""
-    path = submitted_path(config, manifest.run_id)
-    ids = json.loads(path.read_text()) if path.exists() else []
-    atomic_write_json(path, [*ids, flow_run_id])
-
-
-def resume_run(run_id: str, config_path: Path) -> Manifest:
-    from h3flow.pipeline.dispatcher import reconcile
-
-    config = load_local_config(config_path)
-    manifest = load_manifest(config.runs_dir, run_id)
-    reconcile(config, manifest)
-    states = [c.state for c in manifest.clips.values()]
-    console.print(
-        f"run {run_id}: {states.count('delivered')} delivered (verified), {states.count('sampled')} sampled "
-        f"(latent verified on the decoder), {states.count('pending')} to sample, {states.count('failed')} failed"
-    )
-    if all(s == "delivered" for s in states):
-        return manifest
-    for rec in manifest.clips.values():  # a failed clip gets a fresh chance on resume
-        if rec.state == "failed":
-            rec.state, rec.error, rec.attempts = "pending", None, 0
-    manifest.state = "pending"
-    save_manifest(config.runs_dir, manifest)
-    record_dispatcher(config, manifest, submit(config, config_path, manifest, None))
-    return manifest
-
-
-def dispatcher_state(config: LocalConfig, manifest: Manifest) -> tuple[str, str | None] | None:
-    """The state of the newest dispatcher flow run, or None when Prefect can't tell."""
-    path = submitted_path(config, manifest.run_id)
-    ids = json.loads(path.read_text()) if path.exists() else manifest.flow_run_ids
-    if not ids:
-        return None
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-
-    from h3flow.pipeline.prefect_api import prefect_api
-
-    try:
-        with prefect_api(config), get_client(sync_client=True) as client:
-            run = client.read_flow_run(UUID(ids[-1]))
-    except Exception:  # noqa: BLE001 - the server may be down; the manifest still speaks
-        return None
-    return (run.state_type.value if run.state_type else "PENDING", run.state.message if run.state else None)
-
-
 def wait_for(run_id: str, config_path: Path, timeout: float | None = None) -> Manifest:
-    config = load_local_config(config_path)
-    manifest = load_manifest(config.runs_dir, run_id)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    total = len(manifest.clips)
+    """``wait``: a progress bar per milestone until the run ends."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
-        sampled = progress.add_task("sampled  ", total=total)
-        delivered = progress.add_task("delivered", total=total)
-        checked = 0.0
-        while True:
-            manifest = load_manifest(config.runs_dir, run_id)
+        bars: dict[str, Any] = {}
+
+        def show(manifest: Manifest) -> None:
+            if not bars:
+                total = len(manifest.clips)
+                bars["sampled"] = progress.add_task("sampled  ", total=total)
+                bars["delivered"] = progress.add_task("delivered", total=total)
             states = [c.state for c in manifest.clips.values()]
-            progress.update(sampled, completed=sum(s in ("sampled", "decoding", "delivered") for s in states))
-            progress.update(delivered, completed=states.count("delivered"))
-            if manifest.state in ("completed", "failed"):
-                break
-            if time.monotonic() - checked > 5:
-                checked = time.monotonic()
-                got = dispatcher_state(config, manifest)
-                if got and got[0] in ("FAILED", "CRASHED", "CANCELLED"):
-                    manifest.error = f"dispatcher {got[0].lower()}: {got[1] or ''}".strip()
-                    break
-            if deadline and time.monotonic() > deadline:
-                raise H3FlowError(f"run {run_id} still running after {timeout:g} s")
-            time.sleep(0.5)  # the refresh interval of a progress display
-    return manifest
+            progress.update(bars["sampled"], completed=sum(s in ("sampled", "decoding", "delivered") for s in states))
+            progress.update(bars["delivered"], completed=states.count("delivered"))
+
+        return watch_run(run_id, config_path, show, timeout)
 
 
 def print_status(manifest: Manifest) -> None:
@@ -213,14 +101,6 @@ def finish(manifest: Manifest) -> int:
     return 1
 
 
-def load_run(run_id: str, config_path: Path) -> Manifest:
-    return load_manifest(load_local_config(config_path).runs_dir, run_id)
-
-
-def as_json(manifest: Manifest) -> dict[str, Any]:
-    return {**summary(manifest), "clips": {k: v.model_dump(mode="json") for k, v in manifest.clips.items()}}
-
-
 @app.command()
 @operator_command
 def deploy(
@@ -242,7 +122,7 @@ def deploy(
         write_prefect_yaml(load_local_config(config), config, yaml_only, source_dir or SOURCE_DIR)
         console.print(f"[green]✓[/] wrote {yaml_only}")
         return
-    for name in deploy_all_from(config):
+    for name in deploy_everything(config):
         console.print(f"[green]✓[/] deployment {name}")
 
 
@@ -291,7 +171,7 @@ def status(
     if as_json:
         import json
 
-        typer.echo(json.dumps(as_json(manifest), indent=2))
+        typer.echo(json.dumps(manifest_json(manifest), indent=2))
     else:
         print_status(manifest)
 
@@ -305,6 +185,11 @@ def resume(
 ) -> None:
     """Step 8: verify what exists and redo only the missing sampling / decoding."""
     manifest = resume_run(run_id, config)
+    states = [c.state for c in manifest.clips.values()]
+    console.print(
+        f"run {run_id}: {states.count('delivered')} delivered (verified), {states.count('sampled')} sampled "
+        f"(latent verified on the decoder), {states.count('pending')} to sample, {states.count('failed')} failed"
+    )
     if manifest.state == "completed" or background:
         raise typer.Exit(0)
     raise typer.Exit(finish(wait_for(run_id, config)))

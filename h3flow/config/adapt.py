@@ -89,7 +89,7 @@ def _pool(hm: HostMap, host: Host, name: str, role: str, gpus: list[Gpu], port: 
     return Pool(
         name=name,
         work_pool=f"h3-{name}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         host=host.name,
         gpus=[g.index for g in gpus],
         gpu_model=gpus[0].model,
@@ -266,7 +266,7 @@ def local_host_map(
             comfy_dir=str(wd / "comfyui" / name),
             comfy_port=comfy_port,
             gpus=gpus,
-            roles=roles,  # type: ignore[arg-type]
+            roles=roles,
             storage=Storage(root=str(wd / "store" / name)),
         )
 
@@ -328,7 +328,7 @@ def host_map_of(config: LocalConfig) -> HostMap:
         links=[
             Link(hosts=tuple(sorted(k)), rtt_ms=v[0], gbit_s=v[1])
             for k, v in sorted(links.items(), key=lambda kv: sorted(kv[0]))
-        ],  # type: ignore[arg-type]
+        ],
         transfer=config.transfer,
         runs_dir=config.runs_dir,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Any, cast
 
 from h3flow.config.models import SecretSource
 from h3flow.core.errors import ConfigError
@@ -31,7 +32,8 @@ def load_secret(source: SecretSource) -> bytes:
     from prefect.blocks.system import Secret
 
     try:
-        return str(Secret.load(source.name).get()).encode()
+        block = cast(Secret[Any], Secret.load(source.name))  # Prefect's sync/async dual API
+        return str(block.get()).encode()
     except ValueError as exc:
         raise ConfigError(f"transfer secret: Prefect Secret block {source.name!r}: {exc}") from None
 

@@ -87,7 +87,7 @@ class ComfyEngine:
     def encode(self, clip: Clip, out_path: Path) -> FileRef:
         image = self._upload(Path(clip.image))
         spec = clip.resolved_spec
-        params = {"image": image, "prompt": clip.prompt, "out_path": str(Path(out_path).resolve())}
+        params: dict[str, object] = {"image": image, "prompt": clip.prompt, "out_path": str(Path(out_path).resolve())}
         if self.reference:
             params.update(spec=spec.name, frames=clip.frames)
         else:

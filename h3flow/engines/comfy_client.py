@@ -38,6 +38,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     InvalidHandshake,
     OSError,
 )
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, TimeoutError)
 
 
 def summarize_node_errors(node_errors: dict[str, Any]) -> str:
@@ -191,7 +192,7 @@ class ComfyClient:
             return connect(self.ws_url, open_timeout=self.connect_timeout, max_size=None)
         except InvalidURI as exc:
             raise H3FlowError(f"bad ComfyUI websocket URL {self.ws_url}: {exc}") from exc
-        except (*CONNECTION_ERRORS, TimeoutError) as exc:
+        except CONNECT_ERRORS as exc:
             raise TransientError(f"ComfyUI at {self.base_url}: websocket connect failed: {exc}") from exc
 
     def run(
@@ -209,7 +210,8 @@ class ComfyClient:
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         events: list[Event] = []
-        with self._connect() as ws:
+        ws = self._connect()
+        with ws:
             pid = self.submit(prompt, prompt_id=prompt_id)
             try:
                 self._follow(ws, pid, deadline, events, on_event)

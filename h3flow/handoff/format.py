@@ -131,13 +131,13 @@ def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[
     header += b" " * (-len(header) % 8)  # tensor data starts 8-byte aligned, as safetensors does
     digest = hashlib.sha256()
     with atomic_writer(path, "wb") as handle:
-        for block in (struct.pack("<Q", len(header)), header):
-            digest.update(block)
-            handle.write(block)
+        for head in (struct.pack("<Q", len(header)), header):
+            digest.update(head)
+            handle.write(head)
         for name in names:
-            block = tensors[name].reshape(-1).view(torch.uint8).numpy().data
-            digest.update(block)
-            handle.write(block)
+            data = tensors[name].reshape(-1).view(torch.uint8).numpy().data
+            digest.update(data)
+            handle.write(data)
     return digest.hexdigest()
 
 

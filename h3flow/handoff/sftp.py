@@ -60,12 +60,13 @@ def sftp_send(ref: FileRef, dest: Destination, timeout: float = 60.0) -> FileRef
     temp = posixpath.join(root, "latents", ".tmp", f"{ref.sha256[:16]}.{uuid.uuid4().hex[:12]}.part")
     where = f"host {dest.host} (ssh {alias})"
     conn = _connect(alias, dest.ssh_config, timeout, where)
+    dropped: tuple[type[BaseException], ...] = (OSError, EOFError, *_ssh_errors())
     try:
         sent = _upload(conn, ref, size, final, temp, timeout)
         if sent is None:
             return FileRef(Path(final), ref.sha256, size)  # already there: same name, same bytes
         status, output = sent
-    except (OSError, EOFError, *_ssh_errors()) as exc:
+    except dropped as exc:
         raise TransientError(f"sftp transfer of latent {ref.sha256[:12]} to {where} failed: {os_reason(exc)}") from None
     finally:
         conn.close()

@@ -128,11 +128,10 @@ class LatentStore:
         if expected_sha256 is not None:
             check_sha256(expected_sha256)
             if self.has(expected_sha256):
-                ref = self.ref(expected_sha256)
                 if move:
                     src.unlink(missing_ok=True)
-                return ref
-        ref = self._put_linked(src, expected_sha256) if (move or link) else None
+                return self.ref(expected_sha256)
+        ref: FileRef | None = self._put_linked(src, expected_sha256) if (move or link) else None
         if ref is None:
             with self.temp_file("local") as (handle, temp):
                 sha = _copy_hashing(src, handle)

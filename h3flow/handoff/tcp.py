@@ -41,7 +41,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
 from h3flow.core.files import FileRef
@@ -424,7 +424,7 @@ def _load_sync_file_range() -> Any:
     return func
 
 
-def _is_sha(value: Any) -> bool:
+def _is_sha(value: Any) -> TypeGuard[str]:
     try:
         check_sha256(value)
     except H3FlowError:

@@ -163,14 +163,14 @@ def probe_mp4(path: str | os.PathLike[str]) -> Mp4Info:
     with av.open(str(path)) as container:
         video = container.streams.video[0]
         vctx = video.codec_context
-        v_seconds = float(video.duration * video.time_base) if video.duration else 0.0
+        v_seconds = float(video.duration * video.time_base) if video.duration and video.time_base else 0.0
         audio_codec, rate, channels, a_seconds = None, 0, 0, 0.0
         samples, sum_sq, peak = 0, 0.0, 0.0
         if container.streams.audio:
             audio = container.streams.audio[0]
             audio_codec, rate = audio.codec_context.name, audio.codec_context.sample_rate
             channels = audio.codec_context.layout.nb_channels
-            a_seconds = float(audio.duration * audio.time_base) if audio.duration else 0.0
+            a_seconds = float(audio.duration * audio.time_base) if audio.duration and audio.time_base else 0.0
             for frame in container.decode(audio=0):
                 data = frame.to_ndarray().astype(np.float64)
                 samples += frame.samples
@@ -178,11 +178,11 @@ def probe_mp4(path: str | os.PathLike[str]) -> Mp4Info:
                 peak = max(peak, float(np.abs(data).max(initial=0.0)))
         return Mp4Info(
             video_codec=vctx.name,
-            pix_fmt=vctx.format.name,
+            pix_fmt=vctx.format.name if vctx.format else "",
             width=vctx.width,
             height=vctx.height,
             frames=video.frames,
-            fps=Fraction(video.average_rate),
+            fps=Fraction(video.average_rate or 0),
             video_seconds=v_seconds,
             audio_codec=audio_codec,
             sample_rate=rate,

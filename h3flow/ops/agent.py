@@ -129,7 +129,7 @@ def _amd_gpus() -> dict[str, Any]:
         cards = json.loads(out)
     except ValueError:
         return {"error": f"rocm-smi printed no JSON: {out[:120]}", "tool": "rocm-smi"}
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for key, card in sorted(cards.items()):
         if not key.startswith("card") or not isinstance(card, dict):
             continue

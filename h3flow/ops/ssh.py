@@ -185,9 +185,8 @@ class SshRunner:
         code, out, err = self.exec(["sh", "-c", _INSPECT, "h3flow-inspect", spec.pidfile], timeout=30.0)
         if code != 0:
             raise H3FlowError(f"{self.where}: cannot inspect {spec.name}: {err.strip()[-200:]}")
-        return proc_from(
-            dict(line.split(" ", 1) if " " in line else (line, "") for line in out.splitlines()), spec.argv
-        )
+        facts = {key: value for key, _, value in (line.partition(" ") for line in out.splitlines())}
+        return proc_from(facts, spec.argv)
 
     def spawn(self, spec: ServiceSpec) -> Proc:
         answer = self.agent("spawn", spec_json(spec), timeout=60.0)

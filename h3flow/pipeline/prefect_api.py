@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
@@ -82,7 +82,7 @@ class PrefectApi:
         if not arts:
             raise H3FlowError(f"flow run {run_id} completed without publishing its stage records")
         data = arts[-1].data
-        rows = json.loads(data) if isinstance(data, str) else data
+        rows: list[dict[str, Any]] = json.loads(data) if isinstance(data, str) else cast(list[dict[str, Any]], data)
         return {row["stage"]: row for row in rows}
 
     def worker_alive(self, work_pool: str) -> bool:

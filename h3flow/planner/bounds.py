@@ -23,6 +23,7 @@ generalised here to mixed clips, borrowed encoders and several decoders:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from h3flow.planner.timing import ClipLike, Planner
@@ -46,7 +47,7 @@ def _kth_handoff(starts_periods: list[tuple[float, float]], n: int) -> float:
     return value
 
 
-def lower_bound(planner: Planner, clips: list[ClipLike]) -> Bound:
+def lower_bound(planner: Planner, clips: Sequence[ClipLike]) -> Bound:
     res = planner.resources
     pools = res.samplers
     kinds: dict[tuple[str, int], list[ClipLike]] = {}

@@ -48,8 +48,8 @@ def evaluate(
     if policy == "best":
         best = BestOf(planner)
         best.order(clips)
-        ev.schedule = best.schedules[best.chosen.name]  # type: ignore[assignment]
-        ev.design = best.schedules[RoundRobin.name]  # type: ignore[assignment]
+        ev.schedule = best.schedules[best.chosen.name]
+        ev.design = best.schedules[RoundRobin.name]
     else:
         ev.design = simulate(clips, planner, RoundRobin(planner))
         ev.schedule = ev.design if policy == "design" else simulate(clips, planner, EarliestFinish(planner))

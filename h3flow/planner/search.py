@@ -123,13 +123,14 @@ def build(hm: HostMap, topology: str, profile: Profile, decoder_hosts: tuple[str
         if topo.extra_samplers
         else frozenset()
     )
-    base = dict(name=name, canonical=topo.canonical, gpus=topo.gpus_used, extras=extras)
     try:
         config = adapt(hm, topology)
         resources = Resources.from_config(config, profile.encoder_vram_gb)
     except ConfigError as exc:
-        return Candidate(**base, decoders=frozenset(chosen), resources=None, reason=str(exc))
-    return Candidate(**base, decoders=frozenset(d.name for d in resources.decoders), resources=resources)
+        return Candidate(name, topo.canonical, topo.gpus_used, extras, frozenset(chosen), None, str(exc))
+    return Candidate(
+        name, topo.canonical, topo.gpus_used, extras, frozenset(d.name for d in resources.decoders), resources
+    )
 
 
 def candidates(hm: HostMap, which: str, profile: Profile) -> list[Candidate]:

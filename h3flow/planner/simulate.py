@@ -282,7 +282,7 @@ class BestOf:
         self.planner = planner
         self.candidates: list[Policy] = [c(planner) for c in candidates]
         self.chosen: Policy = self.candidates[0]
-        self.schedules: dict[str, object] = {}  # candidate name -> its Schedule, after order()
+        self.schedules: dict[str, Schedule] = {}  # candidate name -> its Schedule, after order()
 
     def reset(self) -> None:
         self.chosen.reset()
@@ -293,7 +293,7 @@ class BestOf:
             self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
         ranked = sorted(
             enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0])
-        )  # type: ignore[attr-defined]
+        )
         self.chosen = ranked[0][1]
         self.chosen.reset()
         return self.chosen.order(clips)

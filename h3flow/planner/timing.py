@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,7 +141,7 @@ class Planner:
             self._routes[key] = out
         return out
 
-    def check(self, clips: list[ClipLike]) -> None:
+    def check(self, clips: Sequence[ClipLike]) -> None:
         """Look every needed duration up once, so a missing profile entry fails before simulating."""
         kinds = {(c.spec, c.frames): c for c in clips}
         for clip in kinds.values():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 
 from h3flow.planner.timing import ClipLike, Planner
 
@@ -18,7 +19,7 @@ ORDER = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
 EPS = 1e-6
 
 
-def validate(schedule, planner: Planner, clips: list[ClipLike]) -> list[str]:
+def validate(schedule, planner: Planner, clips: Sequence[ClipLike]) -> list[str]:
     """Every violation found, as one line each; empty when the schedule is valid."""
     problems: list[str] = []
     res = planner.resources

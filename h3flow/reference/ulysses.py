@@ -80,9 +80,9 @@ def gather_sequence(ctx: ParallelContext, shard: torch.Tensor) -> torch.Tensor |
         return shard
     shard = shard.contiguous()
     if ctx.device.type == "cuda":  # NCCL has no gather; all_gather is as cheap here
-        parts = [torch.empty_like(shard) for _ in range(ctx.world)]
-        dist.all_gather(parts, shard)
-        return torch.cat(parts) if ctx.rank == 0 else None
+        everyone = [torch.empty_like(shard) for _ in range(ctx.world)]
+        dist.all_gather(everyone, shard)
+        return torch.cat(everyone) if ctx.rank == 0 else None
     parts = [torch.empty_like(shard) for _ in range(ctx.world)] if ctx.rank == 0 else None
     dist.gather(shard, parts, dst=0)
     return torch.cat(parts) if parts is not None else None

@@ -12,7 +12,7 @@ import contextlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
 from h3flow.core.fsutil import atomic_write_text
@@ -87,8 +87,8 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     ensure_work_pools(config)
     names = []
     for spec in deployment_specs(config, config_path):
-        flow = Flow.from_source(source=str(SOURCE_DIR), entrypoint=ENTRYPOINTS[spec.flow])
-        schedules = [CronSchedule(cron=spec.cron, timezone=spec.timezone)] if spec.cron else None
+        flow = cast(Flow[..., Any], Flow.from_source(source=str(SOURCE_DIR), entrypoint=ENTRYPOINTS[spec.flow]))
+        schedules: list[Any] | None = [CronSchedule(cron=spec.cron, timezone=spec.timezone)] if spec.cron else None
         with contextlib.redirect_stdout(io.StringIO()):  # Prefect prints a table per deploy
             flow.deploy(
                 name=spec.name,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
@@ -59,7 +60,9 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
     if flow_run.id and str(flow_run.id) not in manifest.flow_run_ids:
         manifest.flow_run_ids.append(str(flow_run.id))
     total = len(manifest.clips)
-    progress = create_progress_artifact(progress=0.0, description=f"h3flow run {manifest.run_id}: clips delivered")
+    progress = cast(
+        UUID, create_progress_artifact(progress=0.0, description=f"h3flow run {manifest.run_id}: clips delivered")
+    )
     plan_artifact(manifest, config_path)
     delivered = [len(manifest.delivered)]
 

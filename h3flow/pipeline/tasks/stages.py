@@ -30,7 +30,7 @@ from h3flow.core.fsutil import sha256_file
 from h3flow.engines import engine_for
 
 RETRIES = 3
-RETRY_DELAYS = [1, 3, 9]
+RETRY_DELAYS: list[float] = [1, 3, 9]
 
 
 def is_transient(exc: BaseException) -> bool:
