@@ -14,7 +14,8 @@ from h3flow.config.models import load_host_map
 from h3flow.core.batch import Clip
 from h3flow.core.errors import ConfigError
 from h3flow.pipeline.calibration import fit, occupancy
-from h3flow.pipeline.manifest import StageRecord, new_manifest
+from h3flow.pipeline.manifest import new_manifest
+from h3flow.pipeline.results import StageResult
 from h3flow.planner.calibrate import to_toml
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile, parse_profile
 
@@ -35,9 +36,9 @@ def run(pool_starts: dict[str, list[float]], sample_s: float, decode_gap: float,
         for start in starts:
             rec = next(recs)
             rec.pool, rec.decoder, rec.state = pool, "b", "delivered"
-            rec.stages["encode"] = StageRecord(started=start, seconds=13.06)
-            rec.stages["sample"] = StageRecord(started=start + 14.0, seconds=sample_s - 14.0)
-            rec.stages["decode"] = StageRecord(started=t_decode, seconds=decode_gap - 0.5)
+            rec.stages["encode"] = StageResult(stage="encode", started=start, seconds=13.06)
+            rec.stages["sample"] = StageResult(stage="sample", started=start + 14.0, seconds=sample_s - 14.0)
+            rec.stages["decode"] = StageResult(stage="decode", started=t_decode, seconds=decode_gap - 0.5)
             if timeline:
                 rec.timeline = {
                     "sample_submitted": 0.0,

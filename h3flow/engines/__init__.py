@@ -43,7 +43,8 @@ def _cached(
         return LocalEngine(degree=degree, retain_cpu_weights=retain)
     from h3flow.engines.comfy import ComfyEngine
 
-    return ComfyEngine(comfy_url, reference=reference, variant=variant or None, params=json.loads(params))
+    # retries=0: the Prefect task is the one layer that retries a transient failure (docs/pipeline.md)
+    return ComfyEngine(comfy_url, reference=reference, variant=variant or None, params=json.loads(params), retries=0)
 
 
 def engine_for(config: LocalConfig, pool_name: str) -> Engine:

@@ -19,8 +19,8 @@ from h3flow.core.batch import Clip
 from h3flow.core.errors import ConfigError
 from h3flow.core.fsutil import atomic_write_json
 from h3flow.core.jsonio import format_validation_error, load_json_file
+from h3flow.pipeline.results import FailureKind, StageResult
 
-STAGES = ("encode", "offload", "sample", "transfer", "decode")
 ClipState = Literal["pending", "sampling", "sampled", "decoding", "delivered", "failed"]
 RunState = Literal["pending", "running", "completed", "failed"]
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
@@ -36,18 +36,6 @@ def new_run_id(batch_name: str) -> str:
     return f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
-class StageRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    host: str | None = None
-    pool: str | None = None
-    sha256: str | None = None
-    path: str | None = None
-    started: float | None = None
-    seconds: float | None = None
-    cached: bool = False
-
-
 class ClipRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,12 +43,18 @@ class ClipRecord(BaseModel):
     state: ClipState = "pending"
     pool: str | None = None
     decoder: str | None = None
-    attempts: int = 0
+    attempts: int = 0  # sample-clip runs submitted (by this dispatcher incarnation)
+    decode_attempts: int = 0
     latent_sha256: str | None = None
     output: str | None = None
     output_sha256: str | None = None
     error: str | None = None
-    stages: dict[str, StageRecord] = Field(default_factory=dict)
+    stages: dict[str, StageResult] = Field(default_factory=dict)
+    submissions: dict[str, int] = Field(
+        default_factory=dict,
+        description="per stage: prompts submitted so far, over every attempt (MAX_SUBMISSIONS caps it)",
+    )
+    failure: FailureKind | None = None
     planned: dict[str, float] = Field(default_factory=dict)
     timeline: dict[str, float] = Field(
         default_factory=dict, description="dispatcher's clock: sample_submitted, sampled, decode_submitted, delivered"

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
-from h3flow.core.errors import H3FlowError
+from h3flow.pipeline.results import StageResult, results_from_rows
 
 
 @contextlib.contextmanager
@@ -69,7 +69,8 @@ class PrefectApi:
             for r in runs
         }
 
-    def records(self, run_id: str) -> dict[str, dict[str, Any]]:
+    def results(self, run_id: str) -> dict[str, StageResult]:
+        """A child's stage results: the rows of the table artifact it published (none: ``{}``)."""
         from uuid import UUID
 
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
@@ -80,10 +81,25 @@ class PrefectApi:
             )
         )
         if not arts:
-            raise H3FlowError(f"flow run {run_id} completed without publishing its stage records")
+            return {}
         data = arts[-1].data
         rows: list[dict[str, Any]] = json.loads(data) if isinstance(data, str) else cast(list[dict[str, Any]], data)
-        return {row["stage"]: row for row in rows}
+        return results_from_rows(rows)
+
+    def task_tries(self, run_id: str) -> dict[str, int]:
+        """Per stage, the tries a flow run's task runs started (what a crashed child submitted)."""
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        runs = self.client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
+        tries: dict[str, int] = {}
+        for run in runs:
+            if run.state is not None and run.state.name == "Cached":
+                continue
+            stage = run.name.rsplit("-", 1)[0]
+            tries[stage] = tries.get(stage, 0) + int(run.run_count or 0)
+        return tries
 
     def worker_alive(self, work_pool: str) -> bool:
         workers = self.client.read_workers_for_work_pool(work_pool)
@@ -100,6 +116,9 @@ class PrefectApi:
         from prefect.states import Crashed
 
         self.client.set_flow_run_state(UUID(run_id), Crashed(message=why), force=True)
+
+    def now(self) -> float:
+        return time.time()
 
     def pause(self, seconds: float) -> None:
         time.sleep(seconds)  # the poll interval of an API poll loop, not synchronisation

@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from h3flow.config.models import LocalConfig
+from h3flow.core.contracts import PIPELINE_STAGES
 from h3flow.core.fsutil import atomic_write_json, atomic_write_text
-from h3flow.pipeline.manifest import STAGES, Manifest, run_dir
+from h3flow.pipeline.manifest import Manifest, run_dir
 
 
 def report_rows(manifest: Manifest) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for rec in manifest.clips.values():
         row: dict[str, Any] = {"clip": rec.clip.id, "spec": rec.clip.spec, "pool": rec.pool, "state": rec.state}
-        for stage in STAGES:
+        for stage in PIPELINE_STAGES:
             got = rec.stages.get(stage)
             row[f"{stage}_s"] = None if got is None or got.seconds is None else round(got.seconds, 2)
             if stage in rec.planned:

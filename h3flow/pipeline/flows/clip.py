@@ -2,15 +2,18 @@
 
 ``sample-clip`` runs on a sampler pool: encode → offload → sample → transfer to the
 decoder host. ``decode-clip`` runs on the decoder: verify → decode → MP4. Each
-publishes its stage records as a table artifact (visible in the UI, and how the
-dispatcher on another host learns the latent's SHA-256 without shared storage).
+publishes its :class:`~h3flow.pipeline.results.StageResult` rows as a table artifact —
+on failure too, with the failed stage's :class:`~h3flow.pipeline.results.FailureKind` —
+which is how the dispatcher on another host learns the outcome without shared storage
+(and what the UI shows).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +23,15 @@ from prefect.artifacts import create_table_artifact
 from h3flow.config.models import LocalConfig, config_at
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
+from h3flow.core.contracts import MAX_SUBMISSIONS
 from h3flow.core.errors import ConfigError, IntegrityError
-from h3flow.core.fsutil import file_lock, sha256_file
+from h3flow.core.files import file_intact
+from h3flow.core.fsutil import file_lock
 from h3flow.engines import engine_for
+from h3flow.pipeline.results import StageResult, classify
 from h3flow.pipeline.tasks import keys, stages
 
-CORRUPT = "latent-corrupt"
+Budget = dict[str, int]  # stage -> submissions still allowed for this clip
 
 
 def config_path_or_env(config_path: str | None) -> str:
@@ -43,31 +49,51 @@ def pool_lock(config: LocalConfig, pool: str) -> Iterator[None]:
         yield
 
 
-def file_ok(result: dict[str, Any]) -> bool:
-    path = Path(result["path"])
-    return path.exists() and sha256_file(path) == result["sha256"]
+class StageFailed(Exception):
+    """A stage's exception, tagged with the stage it came from."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"{stage}: {cause}")
+        self.stage, self.cause = stage, cause
 
 
-def run_stage(
-    task: Any, results: Path, verify: Callable[[dict[str, Any]], bool] | None, **params: Any
-) -> dict[str, Any]:
-    """Run a cached task; a cache hit whose file is gone or damaged is recomputed."""
-    configured = task.with_options(result_storage=results, cache_policy=stages.host_cache(results))
-    state = configured(**params, return_state=True)
-    result = dict(state.result())
-    cached = state.name == "Cached"
-    if cached and verify is not None and not verify(result):
-        result = dict(configured.with_options(refresh_cache=True)(**params))
-        cached = False
-    result["cached"] = cached
-    return result
+def run_stage(task: Any, results: Path, budget: Budget, stage: str, **params: Any) -> StageResult:
+    """Run a cached task within the clip's budget; a cache hit whose file is gone or damaged is recomputed."""
+    left = budget.get(stage, MAX_SUBMISSIONS)
+    configured = task.with_options(
+        result_storage=results, cache_policy=stages.host_cache(results), retries=max(0, left - 1)
+    )
+    try:
+        state = configured(**params, allowed=left > 0, return_state=True)
+        result = StageResult.model_validate(state.result())
+        cached = state.name == "Cached"
+        if cached and result.path is not None and not file_intact(result.path, result.sha256, result.size):
+            result = StageResult.model_validate(configured.with_options(refresh_cache=True)(**params, allowed=left > 0))
+            cached = False
+    except Exception as exc:
+        raise StageFailed(stage, exc) from exc
+    return result.model_copy(update={"cached": cached, "tries": 0 if cached else result.tries})
 
 
-def publish(kind: str, run_id: str, clip_id: str, records: dict[str, dict[str, Any]]) -> None:
-    rows = [
-        {"stage": stage, **{k: v for k, v in rec.items() if k != "free_per_device"}} for stage, rec in records.items()
-    ]
-    create_table_artifact(table=rows, description=f"h3flow {kind} · run {run_id} · clip {clip_id}")
+@contextlib.contextmanager
+def reported(kind: str, run_id: str, clip_id: str) -> Iterator[dict[str, StageResult]]:
+    """Collect a flow's stage results and publish them as its table artifact, also when a stage fails.
+
+    A failure adds a row for the failed stage with its kind and one-line reason; the
+    exception still fails the flow run.
+    """
+    results: dict[str, StageResult] = {}
+    try:
+        yield results
+    except StageFailed as failed:
+        results[failed.stage] = StageResult(stage=failed.stage, failure=classify(failed.cause), error=str(failed.cause))
+        raise failed.cause from None
+    except Exception as exc:  # before any stage: the engine or the config
+        results["setup"] = StageResult(stage="setup", failure=classify(exc), error=str(exc))
+        raise
+    finally:
+        rows = [r.row() for r in results.values()]
+        create_table_artifact(table=rows, description=f"h3flow {kind} · run {run_id} · clip {clip_id}")
 
 
 @flow(name="sample-clip", log_prints=True)
@@ -78,6 +104,7 @@ def sample_clip(
     decoder: str,
     config_path: str | None = None,
     retransfer: bool = False,
+    budget: Budget | None = None,
 ) -> dict[str, dict[str, Any]]:
     """encode → offload → sample → transfer for one clip on one sampler pool."""
     path = config_path_or_env(config_path)
@@ -85,45 +112,55 @@ def sample_clip(
     clip_ = Clip.model_validate(clip)
     pool_ = config.pool(pool)
     results = Path(config.hosts[pool_.host].storage.root) / "prefect-results"
+    budget = budget or {}
     common = {"clip": clip, "pool": pool, "config_path": path}
-    records: dict[str, dict[str, Any]] = {}
-    engine_for(config, config.pool(pool).encoder_pool or pool)  # imports + weights load while the
-    engine_for(config, pool)  # pool's previous clip still holds the lock: start-up stays hidden
-    with pool_lock(config, pool):
-        records["encode"] = run_stage(
-            stages.encode, results, file_ok, key=keys.encode_key(clip_, config.model), **common
-        )
-        records["offload"] = stages.offload(pool=pool, config_path=path)
-        records["sample"] = run_stage(
-            stages.sample,
+    with reported("sample-clip", run_id, clip_.id) as done:
+        engine_for(config, pool_.encoder_pool or pool)  # imports + weights load while the
+        engine_for(config, pool)  # pool's previous clip still holds the lock: start-up stays hidden
+        with pool_lock(config, pool):
+            done["encode"] = run_stage(
+                stages.encode, results, budget, "encode", key=keys.encode_key(clip_, config.model), **common
+            )
+            try:
+                done["offload"] = stages.offload(pool=pool, config_path=path)
+            except Exception as exc:
+                raise StageFailed("offload", exc) from exc
+            done["sample"] = run_stage(
+                stages.sample,
+                results,
+                budget,
+                "sample",
+                conditioning=done["encode"],
+                key=keys.sample_key(clip_, config.model, done["encode"].sha256 or ""),
+                **common,
+            )
+        target = config.pool(decoder).host
+        transfer = stages.transfer.with_options(refresh_cache=True) if retransfer else stages.transfer
+        done["transfer"] = run_stage(
+            transfer,
             results,
-            file_ok,
-            conditioning=records["encode"],
-            key=keys.sample_key(clip_, config.model, records["encode"]["sha256"]),
-            **common,
+            budget,
+            "transfer",
+            latent=done["sample"],
+            clip_id=clip_.id,
+            pool=pool,
+            decoder=decoder,
+            config_path=path,
+            key=keys.transfer_key(done["sample"].sha256 or "", target, config.hosts[target].storage.root),
         )
-    target = config.pool(decoder).host
-    transfer = stages.transfer.with_options(refresh_cache=True) if retransfer else stages.transfer
-    records["transfer"] = run_stage(
-        transfer,
-        results,
-        None,
-        latent=records["sample"],
-        clip_id=clip_.id,
-        pool=pool,
-        decoder=decoder,
-        config_path=path,
-        key=keys.transfer_key(records["sample"]["sha256"], target, config.hosts[target].storage.root),
-    )
-    publish("sample-clip", run_id, clip_.id, records)
-    return records
+    return {stage: r.row() for stage, r in done.items()}
 
 
 @flow(name="decode-clip", log_prints=True)
 def decode_clip(
-    run_id: str, clip_id: str, latent_sha256: str, decoder: str, config_path: str | None = None
+    run_id: str,
+    clip_id: str,
+    latent_sha256: str,
+    decoder: str,
+    config_path: str | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """verify → decode → MP4, linked as ``<outputs>/<run_id>/<clip_id>.mp4``."""
+    """verify → decode → MP4, delivered as ``<outputs>/<run_id>/<clip_id>.mp4``."""
     from h3flow.handoff.store import LatentStore
 
     path = config_path_or_env(config_path)
@@ -131,37 +168,36 @@ def decode_clip(
     pool_ = config.pool(decoder)
     storage = config.hosts[pool_.host].storage
     results = Path(storage.root) / "prefect-results"
-    store = LatentStore(Path(storage.root))
-    latent = store.path_for(latent_sha256)
-    if not latent.exists() or sha256_file(latent) != latent_sha256:
-        latent.unlink(missing_ok=True)  # a damaged copy must be re-sent, never decoded
-        raise IntegrityError(f"{CORRUPT}: latent {latent_sha256[:12]} on {pool_.host} is missing or damaged")
-    engine_for(config, decoder)  # start-up outside the lock, hidden behind the running decode
-    with pool_lock(config, decoder):
-        record = run_stage(
-            stages.decode,
-            results,
-            file_ok,
-            latent_sha256=latent_sha256,
-            clip_id=clip_id,
-            decoder=decoder,
-            config_path=path,
-            key=keys.decode_key(latent_sha256, config.model),
-        )
-    final = Path(storage.outputs) / run_id / f"{clip_id}.mp4"
-    link_verified(Path(record["path"]), final, record["sha256"])
-    record = {**record, "path": str(final)}
-    publish("decode-clip", run_id, clip_id, {"decode": record})
-    return {"decode": record}
+    latent = LatentStore(Path(storage.root)).path_for(latent_sha256)
+    with reported("decode-clip", run_id, clip_id) as done:
+        if not file_intact(latent, latent_sha256):
+            latent.unlink(missing_ok=True)  # a damaged copy must be re-sent, never decoded
+            missing = IntegrityError(f"latent {latent_sha256[:12]} on {pool_.host} is missing or damaged")
+            raise StageFailed("decode", missing)
+        engine_for(config, decoder)  # start-up outside the lock, hidden behind the running decode
+        with pool_lock(config, decoder):
+            record = run_stage(
+                stages.decode,
+                results,
+                budget or {},
+                "decode",
+                latent_sha256=latent_sha256,
+                clip_id=clip_id,
+                decoder=decoder,
+                config_path=path,
+                key=keys.decode_key(latent_sha256, config.model),
+            )
+        final = Path(storage.outputs) / run_id / f"{clip_id}.mp4"
+        link_verified(Path(record.path or ""), final, record.sha256 or "")
+        done["decode"] = record.model_copy(update={"path": str(final)})
+    return {stage: r.row() for stage, r in done.items()}
 
 
 def link_verified(source: Path, target: Path, sha256: str) -> None:
     """Give a content-addressed file its per-run name (hard link, else copy); never clobber other bytes."""
-    import shutil
-
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
-        if sha256_file(target) == sha256:
+        if file_intact(target, sha256):
             return
         raise ConfigError(f"{target} exists with other content; not overwriting it")
     tmp = target.with_name(f".tmp-{target.name}")

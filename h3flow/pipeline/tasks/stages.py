@@ -1,18 +1,21 @@
 """encode → offload → sample → transfer → decode as Prefect tasks.
 
 Every task takes plain JSON values (a clip as a dict, pool names, the config path and
-the stage's content key) and returns a small JSON dict describing a file on the host
-(path, SHA-256, size) plus where and how long it ran. Results are persisted as JSON in
-a host-local result store, so a cache hit hands back the file's address, never a
-tensor. Retries happen on transient failures only (dropped connections, timeouts, a
-restarted service), never on bad input.
+the stage's content key) and returns a :class:`~h3flow.pipeline.results.StageResult`: a
+file on the host named by its SHA-256, plus where and how long it ran. Results are
+persisted as JSON in a host-local result store, so a cache hit hands back the file's
+address, never a tensor.
+
+Retries: this is the one layer that retries a transient failure (a dropped connection,
+a timeout, a restarted service) — up to the clip's remaining budget of
+:data:`~h3flow.core.contracts.MAX_SUBMISSIONS` tries, with back-off. The engines never
+retry; bad input and full disks are never retried (docs/pipeline.md, "Retries").
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -24,17 +27,14 @@ from prefect.context import TaskRunContext
 
 from h3flow.config.models import LocalConfig, config_at
 from h3flow.core.batch import Clip
-from h3flow.core.errors import IntegrityError, TransientError
-from h3flow.core.files import FileRef
+from h3flow.core.contracts import MAX_SUBMISSIONS
+from h3flow.core.errors import IntegrityError
+from h3flow.core.files import FileRef, file_intact
 from h3flow.core.fsutil import sha256_file
 from h3flow.engines import engine_for
+from h3flow.pipeline.results import BudgetSpent, FailureKind, StageResult, classify
 
-RETRIES = 3
 RETRY_DELAYS: list[float] = [1, 3, 9]
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, (TransientError, ConnectionError, TimeoutError))
 
 
 def retry_transient(task_: Any, task_run: Any, state: Any) -> bool:
@@ -42,8 +42,21 @@ def retry_transient(task_: Any, task_run: Any, state: Any) -> bool:
     try:
         state.result()
     except Exception as exc:  # noqa: BLE001 - we classify, not handle
-        return is_transient(exc)
+        return classify(exc) is FailureKind.TRANSIENT
     return False
+
+
+def tries_so_far() -> int:
+    """This task run's attempt number (1 on the first try): the submissions it made."""
+    from prefect.runtime import task_run
+
+    return int(task_run.run_count or 1)
+
+
+def check_budget(allowed: bool, stage: str) -> None:
+    """Called first in a task body, which runs only on a cache miss: a spent budget stops it there."""
+    if not allowed:
+        raise BudgetSpent(f"{stage}: every allowed submission of this clip's {stage} has been used")
 
 
 def key_from_parameters(_ctx: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -76,30 +89,36 @@ def journal(config: LocalConfig, host: str, stage: str, clip_id: str, pool: str)
 
 
 def adopt(tmp: Path, directory: Path, suffix: str) -> FileRef:
-    """Rename a freshly written file to its content address ``<sha>.<suffix>`` in ``directory``."""
+    """Rename a freshly written file to its content address ``<sha>.<suffix>`` in ``directory``.
+
+    An existing file of that name is kept only if its bytes still hash to its name; a
+    damaged one is replaced by the fresh file, never trusted.
+    """
     sha = sha256_file(tmp)
     target = directory / f"{sha}{suffix}"
-    if target.exists():
+    if file_intact(target, sha):
         tmp.unlink()
     else:
         os.replace(tmp, target)
     return FileRef(target, sha, target.stat().st_size)
 
 
-def _result(ref: FileRef, host: str, pool: str, started: float, **extra: Any) -> dict[str, Any]:
-    return {
-        **ref.to_json(),
-        "host": host,
-        "pool": pool,
-        "started": started,
-        "seconds": round(time.time() - started, 3),
-        "node": socket.gethostname(),
+def stage_result(stage: str, ref: FileRef | None, host: str, pool: str, started: float, **extra: Any) -> StageResult:
+    files = ref.to_json() if ref is not None else {}
+    return StageResult(
+        stage=stage,
+        host=host,
+        pool=pool,
+        started=started,
+        seconds=round(time.time() - started, 3),
+        tries=tries_so_far(),
+        **files,
         **extra,
-    }
+    )
 
 
 STAGE_OPTIONS: dict[str, Any] = dict(
-    retries=RETRIES,
+    retries=MAX_SUBMISSIONS - 1,  # the flow lowers it to the clip's remaining budget
     retry_delay_seconds=RETRY_DELAYS,
     retry_condition_fn=retry_transient,
     cache_policy=CacheKeyFnPolicy(cache_key_fn=key_from_parameters),  # host_cache() per host at run time
@@ -109,8 +128,11 @@ STAGE_OPTIONS: dict[str, Any] = dict(
 
 
 @task(name="encode", **STAGE_OPTIONS)
-def encode(clip: dict[str, Any], pool: str, config_path: str, key: str, stage_name: str = "encode") -> dict[str, Any]:
+def encode(
+    clip: dict[str, Any], pool: str, config_path: str, key: str, allowed: bool = True, stage_name: str = "encode"
+) -> StageResult:
     """Prompt + reference image → conditioning file, on the pool that encodes for ``pool``."""
+    check_budget(allowed, "encode")
     config = config_at(config_path)
     encoder = config.pool(config.pool(pool).encoder_pool or pool)
     started = time.time()
@@ -124,33 +146,42 @@ def encode(clip: dict[str, Any], pool: str, config_path: str, key: str, stage_na
         ref = adopt(tmp, directory, ".safetensors")
     finally:
         tmp.unlink(missing_ok=True)
-    return _result(ref, encoder.host, encoder.name, started)
+    return stage_result("encode", ref, encoder.host, encoder.name, started)
 
 
-@task(name="offload", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_transient)
-def offload(pool: str, config_path: str) -> dict[str, Any]:
+@task(name="offload", retries=MAX_SUBMISSIONS - 1, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_transient)
+def offload(pool: str, config_path: str) -> StageResult:
     """Free the encoder's VRAM before sampling and check what is free per device."""
     config = config_at(config_path)
-    report = engine_for(config, config.pool(pool).encoder_pool or pool).offload()
-    return {
-        "freed_bytes": report.freed_bytes,
-        "free_per_device": report.free_per_device,
-        "kept_cpu_copy": report.kept_cpu_copy,
-    }
+    encoder = config.pool(config.pool(pool).encoder_pool or pool)
+    started = time.time()
+    report = engine_for(config, encoder.name).offload()
+    return stage_result(
+        "offload",
+        None,
+        encoder.host,
+        encoder.name,
+        started,
+        freed_bytes=report.freed_bytes,
+        free_per_device=report.free_per_device,
+        kept_cpu_copy=report.kept_cpu_copy,
+    )
 
 
 @task(name="sample", **STAGE_OPTIONS)
 def sample(
     clip: dict[str, Any],
-    conditioning: dict[str, Any],
+    conditioning: StageResult,
     pool: str,
     config_path: str,
     key: str,
+    allowed: bool = True,
     stage_name: str = "sample",
-) -> dict[str, Any]:
+) -> StageResult:
     """Conditioning + seed → .h3latent in the sampler host's content-addressed store."""
     from h3flow.handoff.store import LatentStore
 
+    check_budget(allowed, "sample")
     config = config_at(config_path)
     pool_ = config.pool(pool)
     started = time.time()
@@ -161,32 +192,34 @@ def sample(
     tmp = tmp_dir / f"{clip_.id}-{uuid.uuid4().hex}.h3latent"
     journal(config, pool_.host, "sample", clip_.id, pool)
     try:
-        engine_for(config, pool).sample(clip_, FileRef.from_json(conditioning), tmp)
+        engine_for(config, pool).sample(clip_, conditioning.file, tmp)
         ref = store.put_file(tmp, move=True)
     finally:
         tmp.unlink(missing_ok=True)
-    return _result(ref, pool_.host, pool, started)
+    return stage_result("sample", ref, pool_.host, pool, started)
 
 
 @task(name="transfer", **STAGE_OPTIONS)
 def transfer(
-    latent: dict[str, Any],
+    latent: StageResult,
     clip_id: str,
     pool: str,
     decoder: str,
     config_path: str,
     key: str,
+    allowed: bool = True,
     stage_name: str = "transfer",
-) -> dict[str, Any]:
+) -> StageResult:
     """Send the latent to the decoder host's store; both ends check the SHA-256."""
     from h3flow.handoff.transfer import send
 
+    check_budget(allowed, "transfer")
     config = config_at(config_path)
     source, target = config.pool(pool).host, config.pool(decoder).host
     started = time.time()
     journal(config, source, "transfer", clip_id, pool)
-    ref = send(FileRef.from_json(latent), destination_for(config, source, target))
-    return _result(ref, target, decoder, started, method=config.route(source, target).method)
+    ref = send(latent.file, destination_for(config, source, target))
+    return stage_result("transfer", ref, target, decoder, started, method=config.route(source, target).method)
 
 
 def destination_for(config: LocalConfig, source_host: str, target_host: str) -> Any:
@@ -208,11 +241,18 @@ def destination_for(config: LocalConfig, source_host: str, target_host: str) -> 
 
 @task(name="decode", **STAGE_OPTIONS)
 def decode(
-    latent_sha256: str, clip_id: str, decoder: str, config_path: str, key: str, stage_name: str = "decode"
-) -> dict[str, Any]:
+    latent_sha256: str,
+    clip_id: str,
+    decoder: str,
+    config_path: str,
+    key: str,
+    allowed: bool = True,
+    stage_name: str = "decode",
+) -> StageResult:
     """A verified latent from this host's store → H.264 + AAC MP4 (content-addressed)."""
     from h3flow.handoff.store import LatentStore
 
+    check_budget(allowed, "decode")
     config = config_at(config_path)
     pool_ = config.pool(decoder)
     storage = config.hosts[pool_.host].storage
@@ -230,4 +270,4 @@ def decode(
         ref = adopt(tmp, directory, ".mp4")
     finally:
         tmp.unlink(missing_ok=True)
-    return _result(ref, pool_.host, decoder, started)
+    return stage_result("decode", ref, pool_.host, decoder, started)

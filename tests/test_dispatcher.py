@@ -1,0 +1,350 @@
+"""The dispatcher's decisions, against an in-memory stand-in for the Prefect API.
+
+The stand-in (:class:`FakePrefect`) is the one fake here, for speed: it runs each
+pool's children one at a time on a simulated clock, so routing, pool death, re-routing,
+retries and budgets are checked in milliseconds. The same dispatcher runs against the
+real server in tests/test_pipeline.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from h3flow.config.adapt import adapt
+from h3flow.config.models import LocalConfig, load_host_map
+from h3flow.core.batch import Clip
+from h3flow.core.contracts import AHEAD, MAX_SUBMISSIONS, run_tag
+from h3flow.pipeline.dispatcher import POLL, Dispatcher
+from h3flow.pipeline.manifest import Manifest, new_manifest
+from h3flow.pipeline.results import FailureKind, StageResult
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = ROOT / "examples" / "images" / "landscape.png"
+SHA = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def config() -> LocalConfig:
+    return adapt(load_host_map(ROOT / "examples" / "host-map.example.json"), "four_four_plus_one")
+
+
+@dataclass
+class Run:
+    id: str
+    deployment: str
+    params: dict[str, Any]
+    key: str
+    name: str
+    tag: str
+    pool: str
+    submitted: float
+    state: str = "SCHEDULED"
+    started: float | None = None
+    results: dict[str, StageResult] = field(default_factory=dict)
+    tries: dict[str, int] = field(default_factory=dict)
+
+
+Outcome = tuple[str, dict[str, StageResult]]  # final state, published results
+
+
+class FakePrefect:
+    """Children run FIFO, one at a time per pool, for ``seconds[kind]`` of simulated time.
+
+    ``script(run) -> Outcome`` decides how a child ends (default: completes); pools in
+    ``dead`` stop heart-beating (their children stay where they are, as a killed worker's
+    would).
+    """
+
+    def __init__(self, seconds: dict[str, float] | None = None) -> None:
+        self.t = 1000.0
+        self.seconds = seconds or {"sample": 10.0, "decode": 4.0}
+        self.runs: dict[str, Run] = {}
+        self.dead: set[str] = set()
+        self.script: Any = None
+        self.abandoned: list[tuple[str, str]] = []
+
+    # -- the DispatchApi
+    def submit(self, deployment: str, parameters: dict[str, Any], idempotency_key: str, name: str, run_tag: str) -> str:
+        for run in self.runs.values():
+            if run.key == idempotency_key:
+                return run.id
+        run_id = f"fr-{len(self.runs)}"
+        pool = deployment.split("/")[1]
+        self.runs[run_id] = Run(run_id, deployment, parameters, idempotency_key, name, run_tag, pool, self.t)
+        return run_id
+
+    def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        return {r: (self.runs[r].state, None) for r in run_ids}
+
+    def results(self, run_id: str) -> dict[str, StageResult]:
+        return self.runs[run_id].results
+
+    def task_tries(self, run_id: str) -> dict[str, int]:
+        return dict(self.runs[run_id].tries)
+
+    def worker_alive(self, work_pool: str) -> bool:
+        return work_pool.removeprefix("h3-") not in self.dead
+
+    def abandon(self, run_id: str, why: str) -> None:
+        self.runs[run_id].state = "CRASHED"
+        self.abandoned.append((run_id, why))
+
+    def now(self) -> float:
+        return self.t
+
+    def pause(self, seconds: float) -> None:
+        self.t += seconds
+        self.advance()
+
+    # -- the simulated pools
+    def advance(self) -> None:
+        for pool in {r.pool for r in self.runs.values()} - self.dead:
+            queue = sorted((r for r in self.runs.values() if r.pool == pool), key=lambda r: r.submitted)
+            running = next((r for r in queue if r.state == "RUNNING"), None)
+            if running is not None:
+                kind = "sample" if running.deployment.startswith("sample") else "decode"
+                if self.t - (running.started or 0) >= self.seconds[kind]:
+                    running.state, running.results = self.finish(running)
+                    running = None
+            if running is None:
+                waiting = next((r for r in queue if r.state == "SCHEDULED"), None)
+                if waiting is not None:
+                    waiting.state, waiting.started = "RUNNING", self.t
+
+    def finish(self, run: Run) -> Outcome:
+        if self.script is not None:
+            got = self.script(run)
+            if got is not None:
+                return got
+        return completed(run)
+
+    def of(self, kind: str, clip: str | None = None) -> list[Run]:
+        return [
+            r
+            for r in self.runs.values()
+            if r.deployment.startswith(kind)
+            and clip in (None, r.params.get("clip", {}).get("id"), r.params.get("clip_id"))
+        ]
+
+
+def completed(run: Run) -> Outcome:
+    if run.deployment.startswith("sample"):
+        cid = run.params["clip"]["id"]
+        stages = {
+            s: StageResult(stage=s, pool=run.pool, sha256=SHA, path=f"/s/{cid}.{s}", size=1, tries=1)
+            for s in ("encode", "sample", "transfer")
+        }
+        return "COMPLETED", stages
+    cid = run.params["clip_id"]
+    return "COMPLETED", {
+        "decode": StageResult(stage="decode", pool=run.pool, sha256=SHA, path=f"/out/{cid}.mp4", tries=1)
+    }
+
+
+def failed(stage: str, kind: FailureKind, why: str) -> Outcome:
+    return "FAILED", {stage: StageResult(stage=stage, failure=kind, error=why)}
+
+
+def batch(n: int) -> Manifest:
+    clips = [Clip(id=f"c{i}", prompt="pan left", image=IMAGE, spec="sd", seed=i) for i in range(n)]
+    return new_manifest("run-1", "b", clips, "local.json")
+
+
+class Saved:
+    """The ``save`` callback: a copy of the manifest at every save."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[Manifest] = []
+
+    def __call__(self, manifest: Manifest) -> None:
+        self.snapshots.append(manifest.model_copy(deep=True))
+
+    def states(self, clip: str) -> list[str]:
+        seen: list[str] = []
+        for snap in self.snapshots:
+            state = snap.clips[clip].state
+            if not seen or seen[-1] != state:
+                seen.append(state)
+        return seen
+
+
+def dispatch(config: LocalConfig, api: FakePrefect, manifest: Manifest, saved: Saved | None = None) -> Manifest:
+    saved = saved or Saved()
+    return Dispatcher(config, "/cfg/local.json", manifest, api, saved).run()
+
+
+# --------------------------------------------------------------------------- routing
+def test_clips_go_to_both_pools_a_queue_ahead_each_and_every_change_is_saved(config: LocalConfig) -> None:
+    api, saved = FakePrefect(), Saved()
+    in_flight_seen: list[int] = []
+    original_submit = api.submit
+
+    def watching_submit(*args: Any) -> str:
+        run_id = original_submit(*args)
+        for pool in ("a0", "a1"):
+            in_flight_seen.append(
+                sum(1 for r in api.of("sample") if r.pool == pool and r.state in ("SCHEDULED", "RUNNING"))
+            )
+        return run_id
+
+    api.submit = watching_submit  # type: ignore[method-assign]
+    result = dispatch(config, api, batch(6), saved)
+    assert result.state == "completed" and len(result.delivered) == 6
+    pools = [r.pool for r in api.of("sample")]
+    assert pools.count("a0") == 3 and pools.count("a1") == 3  # equal pools share the batch
+    assert max(in_flight_seen) == AHEAD
+    assert all(r.tag == run_tag("run-1") for r in api.runs.values())
+    assert {r.name for r in api.of("sample", "c0")} == {f"c0·sample·{api.of('sample', 'c0')[0].pool}"}
+    lifecycle = ["pending", "sampling", "sampled", "decoding", "delivered"]
+    for clip in result.clips:
+        seen = saved.states(clip)  # "sampled" may last less than one loop: the decode is queued at once
+        assert seen in (lifecycle, [s for s in lifecycle if s != "sampled"]), (clip, seen)
+    assert result.clips["c0"].output == "/out/c0.mp4" and result.clips["c0"].latent_sha256 == SHA
+    # each pool samples its 3 clips back to back (30 s); the last two latents arrive together at 30 s
+    # and the one decoder takes 4 s each: 38 s, plus a few poll intervals
+    assert result.finished - result.started == pytest.approx(38.0, abs=6 * POLL)
+
+
+def test_the_decode_is_queued_to_the_decoder_the_clip_was_routed_with(config: LocalConfig) -> None:
+    api = FakePrefect()
+    result = dispatch(config, api, batch(2))
+    for run in api.of("decode"):
+        clip = result.clips[run.params["clip_id"]]
+        assert run.pool == clip.decoder == "b" and run.params["latent_sha256"] == SHA
+        assert run.params["budget"] == {"decode": MAX_SUBMISSIONS}
+
+
+# --------------------------------------------------------------------------- pools dying
+def test_a_pool_that_dies_is_abandoned_and_its_clips_are_rerouted(config: LocalConfig) -> None:
+    api = FakePrefect()
+    original = api.advance
+
+    def kill_a0_at_15s() -> None:
+        if api.t >= 1015.0:
+            api.dead.add("a0")
+        original()
+
+    api.advance = kill_a0_at_15s  # type: ignore[method-assign]
+    result = dispatch(config, api, batch(6))
+    assert result.state == "completed" and len(result.delivered) == 6
+    late_a0 = [r for r in api.of("sample") if r.pool == "a0" and r.submitted > 1015.0 + 3.0 + POLL]
+    assert not late_a0, "nothing is sent to a pool once it is known to be gone"
+    abandoned = {run_id for run_id, why in api.abandoned if "pool a0 is gone" in why}
+    assert abandoned and all(api.runs[r].pool == "a0" for r in abandoned)
+    rerouted = {api.runs[r].params["clip"]["id"] for r in abandoned}
+    for clip in rerouted:
+        assert result.clips[clip].pool == "a1" and result.clips[clip].state == "delivered"
+
+
+def test_no_decoder_alive_fails_the_run_after_the_grace_period(
+    config: LocalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("H3FLOW_DECODER_GONE_S", "12")
+    api = FakePrefect()
+    api.dead.add("b")
+    result = dispatch(config, api, batch(3))
+    assert result.state == "failed" and "no decoder is alive" in (result.error or "")
+    assert not api.of("sample"), "nothing is sampled while no decoder could take it"
+    assert result.finished - result.started == pytest.approx(12.0, abs=3 * POLL)
+
+
+def test_no_sampler_left_with_clips_waiting_fails_the_run(config: LocalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("H3FLOW_DECODER_GONE_S", "8")
+    api = FakePrefect()
+    original = api.advance
+
+    def kill_samplers_at_5s() -> None:
+        if api.t >= 1005.0:
+            api.dead |= {"a0", "a1"}
+        original()
+
+    api.advance = kill_samplers_at_5s  # type: ignore[method-assign]
+    result = dispatch(config, api, batch(6))
+    assert result.state == "failed" and "no sampler pool is alive" in (result.error or "")
+    assert all(state == "CRASHED" for state in (r.state for r in api.of("sample") if r.state != "COMPLETED"))
+
+
+# --------------------------------------------------------------------------- failures and retries
+def test_a_latent_damaged_on_the_decoder_is_sent_again_not_decoded(config: LocalConfig) -> None:
+    api = FakePrefect()
+    damaged = {"c1"}
+
+    def script(run: Run) -> Outcome | None:
+        if run.deployment.startswith("decode") and run.params["clip_id"] in damaged:
+            damaged.discard(run.params["clip_id"])
+            return failed("decode", FailureKind.INTEGRITY, "latent abc on host-b is missing or damaged")
+        return None
+
+    api.script = script
+    result = dispatch(config, api, batch(3))
+    assert result.state == "completed" and len(result.delivered) == 3
+    samples = api.of("sample", "c1")
+    assert [r.params["retransfer"] for r in samples] == [False, True]
+    assert len(api.of("decode", "c1")) == 2 and len(api.of("decode", "c0")) == 1
+
+
+def test_a_transient_failure_is_not_retried_by_the_dispatcher(config: LocalConfig) -> None:
+    """The task layer already spent its tries; the clip fails with the kind and reason, the rest go on."""
+    api = FakePrefect()
+
+    def script(run: Run) -> Outcome | None:
+        if run.deployment.startswith("sample") and run.params["clip"]["id"] == "c0":
+            run.tries = {"encode": 1, "sample": 4}
+            return failed("sample", FailureKind.TRANSIENT, "ComfyUI at http://a:8188: connection refused")
+        return None
+
+    api.script = script
+    result = dispatch(config, api, batch(3))
+    assert result.state == "failed" and len(result.delivered) == 2
+    c0 = result.clips["c0"]
+    assert len(api.of("sample", "c0")) == 1
+    assert c0.state == "failed" and c0.failure is FailureKind.TRANSIENT
+    assert c0.error and "transient" in c0.error and "connection refused" in c0.error
+
+
+def test_bad_input_fails_the_clip_at_once(config: LocalConfig) -> None:
+    api = FakePrefect()
+
+    def script(run: Run) -> Outcome | None:
+        if run.deployment.startswith("sample") and run.params["clip"]["id"] == "c1":
+            return failed("encode", FailureKind.INPUT, "image /x.png does not exist")
+        return None
+
+    api.script = script
+    result = dispatch(config, api, batch(2))
+    assert result.clips["c1"].failure is FailureKind.INPUT and len(api.of("sample", "c1")) == 1
+
+
+def test_crashes_are_retried_until_the_submission_budget_is_spent(config: LocalConfig) -> None:
+    """A child that keeps dying mid-sample is sent again with what is left of the budget, then fails."""
+    api = FakePrefect()
+
+    def script(run: Run) -> Outcome | None:
+        if run.deployment.startswith("sample") and run.params["clip"]["id"] == "c0":
+            run.tries = {"encode": 1, "sample": 1}  # Prefect's task runs: it died during its first sample try
+            return "CRASHED", {}
+        return None
+
+    api.script = script
+    result = dispatch(config, api, batch(2))
+    sent = api.of("sample", "c0")
+    assert len(sent) == MAX_SUBMISSIONS
+    assert [r.params["budget"]["sample"] for r in sent] == [4, 3, 2, 1]
+    assert len({r.key for r in sent}) == MAX_SUBMISSIONS  # a fresh idempotency key per attempt
+    c0 = result.clips["c0"]
+    assert c0.state == "failed" and c0.failure is FailureKind.BUDGET and c0.submissions["sample"] == 4
+    assert result.clips["c1"].state == "delivered"
+
+
+def test_a_resumed_run_gets_fresh_child_keys(config: LocalConfig) -> None:
+    api = FakePrefect()
+    first = Dispatcher(config, "/cfg", batch(1), api, Saved(), incarnation="aaaa").run()
+    keys_before = {r.key for r in api.runs.values()}
+    again = first.model_copy(deep=True)
+    again.clips["c0"].state, again.clips["c0"].attempts = "pending", 0
+    Dispatcher(config, "/cfg", again, api, Saved(), incarnation="bbbb").run()
+    assert len(api.of("sample", "c0")) == 2 and not keys_before & {r.key for r in api.of("sample")[1:]}
