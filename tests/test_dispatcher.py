@@ -17,7 +17,7 @@ import pytest
 from h3flow.config.adapt import adapt
 from h3flow.config.models import LocalConfig, load_host_map
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import AHEAD, MAX_SUBMISSIONS, run_tag
+from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.pipeline.dispatcher import POLL, Dispatcher
 from h3flow.pipeline.manifest import Manifest, new_manifest
 from h3flow.pipeline.results import FailureKind, StageResult
@@ -39,7 +39,8 @@ class Run:
     params: dict[str, Any]
     key: str
     name: str
-    tag: str
+    tags: list[str]
+    queue: str | None
     pool: str
     submitted: float
     state: str = "SCHEDULED"
@@ -52,33 +53,44 @@ Outcome = tuple[str, dict[str, StageResult]]  # final state, published results
 
 
 class FakePrefect:
-    """Children run FIFO, one at a time per pool, for ``seconds[kind]`` of simulated time.
+    """Children run FIFO, one at a time per pool, for ``seconds[kind]`` of simulated time,
+    once their pool's runner is up (``seconds["runner"]`` after it is submitted).
 
     ``script(run) -> Outcome`` decides how a child ends (default: completes); pools in
     ``dead`` stop heart-beating (their children stay where they are, as a killed worker's
-    would).
+    would). ``batch`` is the batch flow run's own state (the dispatcher watches it).
     """
 
     def __init__(self, seconds: dict[str, float] | None = None) -> None:
         self.t = 1000.0
-        self.seconds = seconds or {"sample": 10.0, "decode": 4.0}
+        self.seconds = {"sample": 10.0, "decode": 4.0, "runner": 3.0, **(seconds or {})}
         self.runs: dict[str, Run] = {}
         self.dead: set[str] = set()
         self.script: Any = None
         self.abandoned: list[tuple[str, str]] = []
+        self.cancelled: list[tuple[str, str]] = []
+        self.batch = "RUNNING"
 
     # -- the DispatchApi
-    def submit(self, deployment: str, parameters: dict[str, Any], idempotency_key: str, name: str, run_tag: str) -> str:
+    def submit(
+        self,
+        deployment: str,
+        parameters: dict[str, Any],
+        idempotency_key: str,
+        name: str,
+        tags: list[str],
+        work_queue: str | None = None,
+    ) -> str:
         for run in self.runs.values():
             if run.key == idempotency_key:
                 return run.id
         run_id = f"fr-{len(self.runs)}"
         pool = deployment.split("/")[1]
-        self.runs[run_id] = Run(run_id, deployment, parameters, idempotency_key, name, run_tag, pool, self.t)
+        self.runs[run_id] = Run(run_id, deployment, parameters, idempotency_key, name, tags, work_queue, pool, self.t)
         return run_id
 
     def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
-        return {r: (self.runs[r].state, None) for r in run_ids}
+        return {r: ((self.batch, None) if r == "batch-run" else (self.runs[r].state, None)) for r in run_ids}
 
     def results(self, run_id: str) -> dict[str, StageResult]:
         return self.runs[run_id].results
@@ -93,6 +105,13 @@ class FakePrefect:
         self.runs[run_id].state = "CRASHED"
         self.abandoned.append((run_id, why))
 
+    def cancel(self, run_id: str, why: str) -> None:
+        self.runs[run_id].state = "CANCELLED"
+        self.cancelled.append((run_id, why))
+
+    def stop_runner(self, run_id: str) -> None:
+        self.runs[run_id].state = "COMPLETED"
+
     def now(self) -> float:
         return self.t
 
@@ -101,9 +120,24 @@ class FakePrefect:
         self.advance()
 
     # -- the simulated pools
+    def runner(self, pool: str) -> Run | None:
+        return next((r for r in self.of("pool-runner") if r.pool == pool and r.state == "RUNNING"), None)
+
     def advance(self) -> None:
+        for run in self.of("pool-runner"):
+            if (
+                run.state == "SCHEDULED"
+                and run.pool not in self.dead
+                and self.t - run.submitted >= self.seconds["runner"]
+            ):
+                run.state = "RUNNING"
         for pool in {r.pool for r in self.runs.values()} - self.dead:
-            queue = sorted((r for r in self.runs.values() if r.pool == pool), key=lambda r: r.submitted)
+            if self.runner(pool) is None:
+                continue
+            queue = sorted(
+                (r for r in self.runs.values() if r.pool == pool and not r.deployment.startswith("pool-runner")),
+                key=lambda r: r.submitted,
+            )
             running = next((r for r in queue if r.state == "RUNNING"), None)
             if running is not None:
                 kind = "sample" if running.deployment.startswith("sample") else "decode"
@@ -197,16 +231,20 @@ def test_clips_go_to_both_pools_a_queue_ahead_each_and_every_change_is_saved(con
     pools = [r.pool for r in api.of("sample")]
     assert pools.count("a0") == 3 and pools.count("a1") == 3  # equal pools share the batch
     assert max(in_flight_seen) == AHEAD
-    assert all(r.tag == run_tag("run-1") for r in api.runs.values())
-    assert {r.name for r in api.of("sample", "c0")} == {f"c0·sample·{api.of('sample', 'c0')[0].pool}"}
+    assert all(run_tag("run-1") in r.tags and pool_tag(r.pool) in r.tags for r in api.runs.values())
+    assert {r.name for r in api.of("sample", "c0")} == {f"run-1/c0·sample·{api.of('sample', 'c0')[0].pool}"}
+    assert {r.queue for r in api.of("sample")} | {r.queue for r in api.of("decode")} == {CLIPS_QUEUE}
+    runners = api.of("pool-runner")
+    assert sorted(r.pool for r in runners) == ["a0", "a1", "b"] and {r.queue for r in runners} == {None}
+    assert {r.state for r in runners} == {"COMPLETED"}, "each runner is told to stop when the run is over"
     lifecycle = ["pending", "sampling", "sampled", "decoding", "delivered"]
     for clip in result.clips:
         seen = saved.states(clip)  # "sampled" may last less than one loop: the decode is queued at once
         assert seen in (lifecycle, [s for s in lifecycle if s != "sampled"]), (clip, seen)
     assert result.clips["c0"].output == "/out/c0.mp4" and result.clips["c0"].latent_sha256 == SHA
-    # each pool samples its 3 clips back to back (30 s); the last two latents arrive together at 30 s
-    # and the one decoder takes 4 s each: 38 s, plus a few poll intervals
-    assert result.finished - result.started == pytest.approx(38.0, abs=6 * POLL)
+    # the runners start (3 s); each pool samples its 3 clips back to back (30 s); the last two
+    # latents arrive together and the one decoder takes 4 s each: 41 s, plus a few poll intervals
+    assert result.finished - result.started == pytest.approx(41.0, abs=6 * POLL)
 
 
 def test_the_decode_is_queued_to_the_decoder_the_clip_was_routed_with(config: LocalConfig) -> None:
@@ -235,7 +273,8 @@ def test_a_pool_that_dies_is_abandoned_and_its_clips_are_rerouted(config: LocalC
     assert not late_a0, "nothing is sent to a pool once it is known to be gone"
     abandoned = {run_id for run_id, why in api.abandoned if "pool a0 is gone" in why}
     assert abandoned and all(api.runs[r].pool == "a0" for r in abandoned)
-    rerouted = {api.runs[r].params["clip"]["id"] for r in abandoned}
+    rerouted = {api.runs[r].params["clip"]["id"] for r in abandoned if api.runs[r].deployment.startswith("sample")}
+    assert rerouted
     for clip in rerouted:
         assert result.clips[clip].pool == "a1" and result.clips[clip].state == "delivered"
 
@@ -348,3 +387,62 @@ def test_a_resumed_run_gets_fresh_child_keys(config: LocalConfig) -> None:
     again.clips["c0"].state, again.clips["c0"].attempts = "pending", 0
     Dispatcher(config, "/cfg", again, api, Saved(), incarnation="bbbb").run()
     assert len(api.of("sample", "c0")) == 2 and not keys_before & {r.key for r in api.of("sample")[1:]}
+
+
+# --------------------------------------------------------------------------- runners, cancel, the story
+def test_a_runner_that_dies_takes_its_clip_along_and_is_restarted(config: LocalConfig) -> None:
+    """The OOM-killer case: the runner process dies mid-sample; the clip is sent again, to a fresh runner."""
+    api = FakePrefect()
+    killed: list[str] = []
+    original = api.advance
+
+    def kill_a0_runner_mid_sample() -> None:
+        runner = api.runner("a0")
+        sampling = [r for r in api.of("sample") if r.pool == "a0" and r.state == "RUNNING"]
+        if not killed and runner is not None and sampling and api.t >= 1008.0:
+            runner.state = "CRASHED"
+            sampling[0].tries = {"encode": 1, "sample": 1}  # what Prefect's task runs of the lost clip show
+            killed.append(runner.id)
+        original()
+
+    api.advance = kill_a0_runner_mid_sample  # type: ignore[method-assign]
+    logged: list[str] = []
+    result = Dispatcher(config, "/cfg", batch(4), api, Saved(), log=logged.append).run()
+    assert killed and result.state == "completed" and len(result.delivered) == 4
+    a0_runners = [r for r in api.of("pool-runner") if r.pool == "a0"]
+    assert len(a0_runners) == 2 and a0_runners[0].id == killed[0]
+    lost = [r for r in api.of("sample") if r.state == "CRASHED"]
+    assert len(lost) == 1, "the clip the runner was sampling is marked crashed"
+    clip = lost[0].params["clip"]["id"]
+    assert len(api.of("sample", clip)) == 2 and api.of("sample", clip)[1].params["budget"]["sample"] == 3
+    assert any("runner ended" in line for line in logged) and any("sending it again" in line for line in logged)
+
+
+def test_cancelling_the_batch_run_cancels_every_child_and_runner(config: LocalConfig) -> None:
+    api = FakePrefect()
+    original = api.advance
+
+    def cancel_at_12s() -> None:
+        if api.t >= 1012.0:
+            api.batch = "CANCELLING"
+        original()
+
+    api.advance = cancel_at_12s  # type: ignore[method-assign]
+    saved = Saved()
+    result = Dispatcher(config, "/cfg", batch(6), api, saved, own_flow_run_id="batch-run").run()
+    assert result.state == "cancelled" and saved.snapshots[-1].state in ("running", "cancelled")
+    cancelled = {run_id for run_id, _ in api.cancelled}
+    unfinished = {r.id for r in api.runs.values() if r.state not in ("COMPLETED", "CANCELLED")}
+    assert not unfinished, "nothing is left running or scheduled"
+    assert {r.id for r in api.of("pool-runner")} <= cancelled
+    assert any(r.deployment.startswith("sample") for r in (api.runs[i] for i in cancelled))
+    assert result.finished - 1012.0 <= 2 * POLL
+
+
+def test_the_batch_run_tells_each_clips_story(config: LocalConfig) -> None:
+    api = FakePrefect()
+    logged: list[str] = []
+    Dispatcher(config, "/cfg", batch(2), api, Saved(), log=logged.append).run()
+    for clip in ("c0", "c1"):
+        story = [line for line in logged if line.startswith(f"{clip}:")]
+        assert [line.split(":")[1].split()[0] for line in story] == ["routed", "sampled", "delivered"], story

@@ -176,10 +176,13 @@ def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluste
         env=env,
         timeout=300,
     )
-    assert res.returncode == 0, res.stdout + res.stderr
+    # the good batch ran; the bad one is filed with its reason, and the inbox run says it failed
+    assert res.returncode != 0 and "Failed" in res.stdout + res.stderr, res.stdout + res.stderr
     done = list((inbox / "done").glob("good.*.json"))
     failed = list((inbox / "failed").glob("broken.*.json"))
     assert len(done) == 1 and len(failed) == 1 and not list(inbox.glob("*.json"))
+    reason = failed[0].with_name(failed[0].name + ".reason.txt").read_text()
+    assert "invalid JSON at line 1" in reason and reason.count("\n") == 1
     run_id = done[0].name.removeprefix("good.").removesuffix(".json")
     manifest = load_manifest(cluster.config.runs_dir, run_id)
     assert manifest.state == "completed" and manifest.clips["i0"].state == "delivered"

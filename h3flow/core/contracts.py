@@ -34,9 +34,22 @@ FILES_KEY = "h3flow_files"
 """The key under which the node pack's output nodes report the files they wrote (ComfyUI history)."""
 
 
+CLIPS_QUEUE = "clips"
+"""The work queue (in every pool's work pool) of clip flow runs: served by the pool runner, no worker."""
+
+
+STOP_TAG = "h3flow:stop"
+"""Put on a pool runner's flow run by the dispatcher when its batch has no more work for it."""
+
+
 def run_tag(run_id: str) -> str:
     """The tag every flow run of an h3flow run carries (the UI filters a run's flow runs by it)."""
     return f"h3flow-run:{run_id}"
+
+
+def pool_tag(pool: str) -> str:
+    """The tag of the flow runs meant for one pool's runner."""
+    return f"h3flow-pool:{pool}"
 
 
 def artifact_key(*parts: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import AHEAD, MAX_SUBMISSIONS, run_tag
+from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.core.files import file_intact
 from h3flow.pipeline.manifest import ClipRecord, ClipState, Manifest
@@ -35,6 +35,7 @@ POLL = 0.5
 POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+STOPPING = {"CANCELLING", "CANCELLED"}
 SAMPLE_STAGES = ("encode", "sample", "transfer")  # the budgeted stages of a sample-clip run
 DECODE_STAGES = ("decode",)
 
@@ -43,13 +44,21 @@ class DispatchApi(Protocol):
     """The Prefect calls the dispatcher makes (real: :class:`~h3flow.pipeline.prefect_api.PrefectApi`)."""
 
     def submit(
-        self, deployment: str, parameters: dict[str, Any], idempotency_key: str, name: str, run_tag: str
+        self,
+        deployment: str,
+        parameters: dict[str, Any],
+        idempotency_key: str,
+        name: str,
+        tags: list[str],
+        work_queue: str | None = None,
     ) -> str: ...
     def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]: ...
     def results(self, run_id: str) -> dict[str, StageResult]: ...
     def task_tries(self, run_id: str) -> dict[str, int]: ...
     def worker_alive(self, work_pool: str) -> bool: ...
     def abandon(self, run_id: str, why: str) -> None: ...
+    def cancel(self, run_id: str, why: str) -> None: ...
+    def stop_runner(self, run_id: str) -> None: ...
     def now(self) -> float: ...
     def pause(self, seconds: float) -> None: ...
 
@@ -133,6 +142,8 @@ class Dispatcher:
         save: Callable[[Manifest], None],
         choose: Chooser = earliest_finish,
         incarnation: str = "d0",
+        own_flow_run_id: str | None = None,
+        log: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -141,6 +152,11 @@ class Dispatcher:
         self.save = save
         self.choose = choose
         self.incarnation = incarnation  # this dispatcher's flow run: a resumed run gets fresh child keys
+        self.own_id = own_flow_run_id  # the batch flow run: cancelling it stops everything
+        self.log = log
+        self.runners: dict[str, str] = {}  # pool -> its pool-runner flow run
+        self.runner_deaths: dict[str, int] = {}
+        self.runner_serial = 0
         self.children: dict[str, Child] = {}
         self.state = LiveState()
         self.retransfer: set[str] = set()
@@ -170,30 +186,86 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Manifest:
-        """Dispatch until every clip is delivered or failed; returns the manifest with its
-        final state set but not yet saved (``wait`` ends when it sees that state)."""
+        """Dispatch until every clip is delivered or failed (or the run is cancelled); returns the
+        manifest with its final state set but not yet saved (``wait`` ends when it sees that state)."""
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or self.api.now()
         self.retransfer |= reconcile(self.config, self.manifest)
         self.save(self.manifest)
-        while True:
-            changed = self.poll_children()
-            changed |= self.check_pools()
-            changed |= self.submit_decodes()
-            changed |= self.submit_samples()
-            if changed:
-                self.save(self.manifest)
-            if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
-                break
-            if self.no_pool_left():
-                role = "decoder" if not self.live_pools("decode") else "sampler pool"
-                self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
-                break
-            self.api.pause(POLL)
+        try:
+            while not self.cancelled():
+                changed = self.poll_children()
+                changed |= self.check_pools()
+                changed |= self.ensure_runners()
+                changed |= self.submit_decodes()
+                changed |= self.submit_samples()
+                if changed:
+                    self.save(self.manifest)
+                if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
+                    break
+                if self.no_pool_left():
+                    role = "decoder" if not self.live_pools("decode") else "sampler pool"
+                    self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
+                    break
+                self.api.pause(POLL)
+        except BaseException:  # killed or interrupted (a cancel from the UI ends here): take the children along
+            self.stop_everything("the batch run was stopped")
+            self.manifest.state = "cancelled"
+            self.manifest.finished = self.api.now()
+            self.save(self.manifest)
+            raise
+        for runner in self.runners.values():
+            self.api.stop_runner(runner)
         self.manifest.finished = self.api.now()
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
         return self.manifest  # unsaved: the caller saves the final state once the report is out
+
+    def cancelled(self) -> bool:
+        """True once the batch run is being cancelled: every child and runner is cancelled too."""
+        if self.own_id is None:
+            return False
+        state = self.api.states([self.own_id]).get(self.own_id, ("RUNNING", None))[0]
+        if state not in STOPPING:
+            return False
+        self.stop_everything("the batch run was cancelled")
+        self.manifest.state = "cancelled"
+        self.log("run cancelled: every child and pool runner cancelled")
+        return True
+
+    def stop_everything(self, why: str) -> None:
+        for run_id in [*self.children, *self.runners.values()]:
+            self.api.cancel(run_id, why)
+        self.children.clear()
+        self.runners.clear()
+
+    def ensure_runners(self) -> bool:
+        """One pool-runner per live pool (started once; started again if it died or left)."""
+        changed = False
+        for pool in [*self.live_pools("sample"), *self.live_pools("decode")]:
+            if pool in self.runners:
+                continue
+            deaths = self.runner_deaths.get(pool, 0)
+            if deaths >= MAX_SUBMISSIONS:
+                self.state.gone.add(pool)
+                self.log(f"pool {pool}: its runner died {deaths} times; the pool is out of this run")
+                changed = True
+                continue
+            self.runner_serial += 1
+            params = {
+                "run_id": self.manifest.run_id,
+                "pool": pool,
+                "batch_flow_run_id": self.own_id,
+                "config_path": self.config_path,
+            }
+            key = f"{self.manifest.run_id}-runner-{pool}-{self.incarnation}-{self.runner_serial}"
+            name = f"{self.manifest.run_id}/runner·{pool}"
+            self.runners[pool] = self.api.submit(f"pool-runner/{pool}", params, key, name, self.tags(pool))
+            changed = True
+        return changed
+
+    def tags(self, pool: str) -> list[str]:
+        return [self.run_tag, pool_tag(pool)]
 
     def submit_samples(self) -> bool:
         changed = False
@@ -220,9 +292,11 @@ class Dispatcher:
                 "budget": self.budget(rec, SAMPLE_STAGES),
             }
             key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts}"
-            name = f"{rec.clip.id}·sample·{pool}"
-            run_id = self.timed(self.api.submit, f"sample-clip/{pool}", params, key, name, self.run_tag)
+            name = f"{self.manifest.run_id}/{rec.clip.id}·sample·{pool}"
+            run_id = self.timed(self.api.submit, f"sample-clip/{pool}", params, key, name, self.tags(pool), CLIPS_QUEUE)
             self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
+            again = f" (attempt {rec.attempts})" if rec.attempts > 1 else ""
+            self.log(f"{rec.clip.id}: routed to {pool}{again}, decoder {decoder}")
             start = max(self.state.busy_until.get(pool, now), now)
             self.state.busy_until[pool] = start + self.state.estimate(pool, rec.clip.spec, "sample")
             changed = True
@@ -256,20 +330,38 @@ class Dispatcher:
             rec.decode_attempts += 1
             rec.timeline["decode_submitted"] = self.api.now()
             key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts}"
-            name = f"{rec.clip.id}·decode·{decoder}"
-            run_id = self.timed(self.api.submit, f"decode-clip/{decoder}", params, key, name, self.run_tag)
+            name = f"{self.manifest.run_id}/{rec.clip.id}·decode·{decoder}"
+            run_id = self.timed(
+                self.api.submit, f"decode-clip/{decoder}", params, key, name, self.tags(decoder), CLIPS_QUEUE
+            )
             self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, self.api.now())
             changed = True
         return changed
 
     def poll_children(self) -> bool:
-        if not self.children:
+        """Collect finished children; notice runners that died (their clips were lost with them)."""
+        watched = [*self.children, *self.runners.values()]
+        if not watched:
             return False
         changed = False
-        for run_id, (state, message) in self.api.states(list(self.children)).items():
+        states = self.api.states(watched)
+        for pool, runner in list(self.runners.items()):
+            state, message = states.get(runner, ("PENDING", None))
+            if state in TERMINAL:
+                del self.runners[pool]
+                if state != "COMPLETED":  # a runner that left on its own is simply started again when needed
+                    self.runner_deaths[pool] = self.runner_deaths.get(pool, 0) + 1
+                self.log(f"pool {pool}: its runner ended ({state.lower()}: {message or 'no reason given'})")
+                for run_id, child in list(self.children.items()):  # what it had taken is lost; the queue waits
+                    if child.pool == pool and states.get(run_id, ("", None))[0] in ("PENDING", "RUNNING"):
+                        self.api.abandon(run_id, f"the runner of pool {pool} ended while running it")
+                        states[run_id] = ("CRASHED", f"the runner of pool {pool} ended while running it")
+                changed = True
+        for run_id, child in list(self.children.items()):
+            state, message = states.get(run_id, ("PENDING", None))
             if state not in TERMINAL:
                 continue
-            child = self.children.pop(run_id)
+            del self.children[run_id]
             rec = self.manifest.clips[child.clip_id]
             results = self.timed(self.api.results, run_id)
             if state == "COMPLETED":
@@ -302,11 +394,17 @@ class Dispatcher:
             self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(now - child.submitted)
             if self.in_flight(child.pool) == 0:
                 self.state.busy_until[child.pool] = now
+            sampled = results.get("sample")
+            how = "cached" if sampled and sampled.cached else f"{(sampled and sampled.seconds) or 0:.1f} s"
+            self.log(
+                f"{rec.clip.id}: sampled on {child.pool} ({how}), latent {(rec.latent_sha256 or '?')[:12]} sent to {rec.decoder}"
+            )
         else:
             rec.output = results["decode"].path
             rec.output_sha256 = results["decode"].sha256
             rec.state = "delivered"
             rec.timeline["delivered"] = now
+            self.log(f"{rec.clip.id}: delivered {rec.output}")
 
     def failed(self, child: Child, rec: ClipRecord, state: str, message: str, results: dict[str, StageResult]) -> None:
         """Retry what only the dispatcher can (a crash, a latent damaged on the decoder); fail the rest."""
@@ -323,10 +421,12 @@ class Dispatcher:
             kind, reason, retry_as = FailureKind.BUDGET, f"tried {attempts} times; last: {kind.value}: {reason}", None
         if retry_as is None:
             rec.state, rec.failure, rec.error = "failed", kind, f"{child.kind} on {child.pool}: {kind.value}: {reason}"
+            self.log(f"{rec.clip.id}: failed — {rec.error}")
             return
         if kind is FailureKind.INTEGRITY:
             self.retransfer.add(rec.clip.id)
         rec.state = retry_as
+        self.log(f"{rec.clip.id}: {child.kind} on {child.pool} {kind.value} ({reason}); sending it again")
 
     def check_pools(self) -> bool:
         """A pool whose worker stopped heart-beating is gone: re-route what it held."""
@@ -342,6 +442,9 @@ class Dispatcher:
                 changed = True
             elif not alive and pool.name not in self.state.gone:
                 self.state.gone.add(pool.name)
+                self.log(f"pool {pool.name} is gone (its worker stopped heart-beating); re-routing its clips")
+                if pool.name in self.runners:
+                    self.api.abandon(self.runners.pop(pool.name), f"pool {pool.name} is gone")
                 for run_id, child in list(self.children.items()):
                     if child.pool == pool.name:
                         self.api.abandon(run_id, f"pool {pool.name} is gone (its worker stopped heart-beating)")
@@ -363,10 +466,12 @@ class Dispatcher:
         return now - self.pools_lost_since > settings().decoder_gone_s
 
     def fail_run(self, why: str) -> None:
-        for child_id in list(self.children):
-            self.api.abandon(child_id, why)
+        for run_id in [*self.children, *self.runners.values()]:
+            self.api.abandon(run_id, why)
         self.children.clear()
+        self.runners.clear()
         self.manifest.state, self.manifest.error = "failed", why
+        self.log(f"run failed: {why}")
 
 
 def failure_of(state: str, message: str, results: dict[str, StageResult]) -> tuple[FailureKind, str]:

@@ -22,7 +22,7 @@ from h3flow.core.jsonio import format_validation_error, load_json_file
 from h3flow.pipeline.results import FailureKind, StageResult
 
 ClipState = Literal["pending", "sampling", "sampled", "decoding", "delivered", "failed"]
-RunState = Literal["pending", "running", "completed", "failed"]
+RunState = Literal["pending", "running", "completed", "failed", "cancelled"]
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 

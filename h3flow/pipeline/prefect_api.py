@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
+from h3flow.core.contracts import STOP_TAG
 from h3flow.pipeline.results import StageResult, results_from_rows
 
 
@@ -29,32 +30,68 @@ def prefect_api(config: LocalConfig) -> Iterator[None]:
 
 
 class PrefectApi:
-    """The few Prefect calls the dispatcher makes (sync client), in one place."""
+    """The Prefect calls the dispatcher and the pool runners make (sync client), in one place.
 
-    def __init__(self) -> None:
+    Inside a flow run (the batch flow), children are linked to it as subflow runs the
+    way ``run_deployment`` links them: one task run in the parent per child, so the UI's
+    run graph and "Subflow runs" tab show every clip and cancelling the batch run reaches
+    them.
+    """
+
+    def __init__(self, parent_flow_run_id: str | None = None) -> None:
         from prefect.client.orchestration import get_client
 
         self.client = get_client(sync_client=True)
         self.client.__enter__()
+        self.parent = parent_flow_run_id
         self._deployment_ids: dict[str, Any] = {}
 
     def close(self) -> None:
         self.client.__exit__(None, None, None)
 
-    def submit(self, deployment: str, parameters: dict[str, Any], idempotency_key: str, name: str, run_tag: str) -> str:
-        """One API call per child: the deployment's id is looked up once and cached.
+    def submit(
+        self,
+        deployment: str,
+        parameters: dict[str, Any],
+        idempotency_key: str,
+        name: str,
+        tags: list[str],
+        work_queue: str | None = None,
+    ) -> str:
+        """Create a child flow run of ``deployment`` (two API calls: the link, the run; the id is cached).
 
         (``run_deployment`` costs several calls a child, which on a busy 2-core server
-        dominated the dispatcher's time.) Children carry the run's tag, so the UI lists a
+        dominated the dispatcher's time.) Children carry the run's tags, so the UI lists a
         run's flow runs with one filter.
         """
         deployment_id = self._deployment_ids.get(deployment)
         if deployment_id is None:
             deployment_id = self._deployment_ids[deployment] = self.client.read_deployment_by_name(deployment).id
+        link = self._link(deployment, idempotency_key) if self.parent else None
         run = self.client.create_flow_run_from_deployment(
-            deployment_id, parameters=parameters, idempotency_key=idempotency_key, name=name, tags=[run_tag]
+            deployment_id,
+            parameters=parameters,
+            idempotency_key=idempotency_key,
+            name=name,
+            tags=tags,
+            parent_task_run_id=link,
+            work_queue_name=work_queue,
         )
         return str(run.id)
+
+    def _link(self, deployment: str, key: str) -> Any:
+        """A task run in the parent flow run standing for one child (what makes it a subflow run)."""
+        from uuid import UUID
+
+        from prefect import Task
+        from prefect.states import Pending
+
+        stand_in: Task[[], None] = Task(name=deployment, fn=_nothing)
+        stand_in.task_key = f"h3flow.child.{deployment}"
+        task_run = self.client.create_task_run(
+            task=stand_in, flow_run_id=UUID(str(self.parent)), dynamic_key=key, state=Pending()
+        )
+        return task_run.id
 
     def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
         from uuid import UUID
@@ -111,14 +148,90 @@ class PrefectApi:
         )
 
     def abandon(self, run_id: str, why: str) -> None:
+        """Mark a child whose process or pool is gone as Crashed (nobody else will)."""
         from uuid import UUID
 
         from prefect.states import Crashed
 
         self.client.set_flow_run_state(UUID(run_id), Crashed(message=why), force=True)
 
+    def cancel(self, run_id: str, why: str) -> None:
+        """Cancel a flow run that has not finished (a runner sees it and stops)."""
+        from uuid import UUID
+
+        from prefect.states import Cancelled
+
+        self.client.set_flow_run_state(UUID(run_id), Cancelled(message=why), force=True)
+
+    def name_run(self, run_id: str, name: str, tags: list[str]) -> None:
+        """Give a flow run h3flow's name and tags (a batch run started from the UI or the Prefect CLI too)."""
+        from uuid import UUID
+
+        current = self.client.read_flow_run(UUID(run_id))
+        self.client.update_flow_run(UUID(run_id), name=name, tags=sorted({*current.tags, *tags}))
+
+    def stop_runner(self, run_id: str) -> None:
+        """Ask a pool runner to finish: it sees the tag within seconds and ends Completed."""
+        from uuid import UUID
+
+        current = self.client.read_flow_run(UUID(run_id))
+        self.client.update_flow_run(UUID(run_id), tags=sorted({*current.tags, STOP_TAG}))
+
+    # -- the pool runner's side
+    def runner_done(self, own_id: str, batch_id: str | None) -> bool:
+        """True when the runner should end: asked to stop, cancelled, or its batch run is over."""
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        ids = [UUID(own_id), *([UUID(batch_id)] if batch_id else [])]
+        runs = {
+            str(r.id): r
+            for r in self.client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+        }
+        own = runs.get(own_id)
+        if own is None or STOP_TAG in own.tags or (batch_id and batch_id not in runs):
+            return True
+        over = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
+        return any(r.state_type is not None and r.state_type.value in over for r in runs.values())
+
+    def claim(self, tags: list[str], limit: int) -> list[Any]:
+        """Take up to ``limit`` scheduled flow runs carrying all ``tags``, oldest first.
+
+        A run is ours once Prefect accepts our Pending proposal: two runners (or a worker)
+        can never both start it.
+        """
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            FlowRunFilterTags,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.responses import SetStateStatus
+        from prefect.client.schemas.sorting import FlowRunSort
+        from prefect.states import Pending
+
+        waiting = self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=tags),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+            ),
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+            limit=limit,
+        )
+        claimed = []
+        for run in waiting:
+            if self.client.set_flow_run_state(run.id, Pending()).status == SetStateStatus.ACCEPT:
+                claimed.append(run)
+        return claimed
+
     def now(self) -> float:
         return time.time()
 
     def pause(self, seconds: float) -> None:
         time.sleep(seconds)  # the poll interval of an API poll loop, not synchronisation
+
+
+def _nothing() -> None:
+    """The body of the task run that stands for a child in its parent (never called)."""

@@ -24,7 +24,7 @@ from h3flow.pipeline.run_report import summary
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-FINISHED = ("completed", "failed")
+FINISHED = ("completed", "failed", "cancelled")
 DEAD = ("FAILED", "CRASHED", "CANCELLED")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
+from h3flow.core.contracts import CLIPS_QUEUE
 from h3flow.core.fsutil import atomic_write_text
 from h3flow.core.paths import ENTRYPOINTS, SOURCE_DIR
 
@@ -41,6 +42,7 @@ def deployment_specs(config: LocalConfig, config_path: Path) -> list[DeploymentS
         flow = "sample-clip" if pool.role == "sample" else "decode-clip"
         env = {**pool.env, "H3FLOW_CONFIG": cfg}
         specs.append(DeploymentSpec(flow, pool.name, pool.work_pool, env, {"config_path": cfg}))
+        specs.append(DeploymentSpec("pool-runner", pool.name, pool.work_pool, env, {"config_path": cfg}))
     control = {"H3FLOW_CONFIG": cfg, "PREFECT_API_URL": config.prefect.api_url}
     specs.append(DeploymentSpec("batch", "run", config.control_work_pool, control, {"config_path": cfg}))
     if config.prefect.schedule:
@@ -68,6 +70,11 @@ def ensure_work_pools(config: LocalConfig) -> None:
                 client.create_work_pool(WorkPoolCreate(name=name, type="process"))
             except ObjectAlreadyExists:
                 pass
+            if name != config.control_work_pool:
+                try:
+                    client.create_work_queue(name=CLIPS_QUEUE, work_pool_name=name)
+                except ObjectAlreadyExists:
+                    pass
 
 
 def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:

@@ -16,6 +16,8 @@ from prefect import flow, get_run_logger
 
 from h3flow.config.models import config_at
 from h3flow.core.batch import load_batch
+from h3flow.core.contracts import run_tag
+from h3flow.core.fsutil import atomic_write_text
 from h3flow.pipeline.artifacts import Progress, publish_plan, publish_report
 from h3flow.pipeline.dispatcher import Dispatcher, planner_chooser
 from h3flow.pipeline.flows.clip import config_path_or_env
@@ -47,32 +49,45 @@ def batch(batch: str | None = None, run_id: str | None = None, config_path: str 
     return run_batch(batch, run_id, path)
 
 
-def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> dict[str, Any]:
+def run_batch(
+    batch_file: str | None, run_id: str | None, config_path: str, name_the_run: bool = True
+) -> dict[str, Any]:
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
     config = config_at(config_path)
     manifest = open_run(batch_file, run_id, config_path)
-    incarnation = str(flow_run.id or "local")
-    if flow_run.id and incarnation not in manifest.flow_run_ids:
-        manifest.flow_run_ids.append(incarnation)
-    progress = Progress(manifest)
-    schedule = plan_for_manifest(manifest, config)
-    if schedule is not None:
-        publish_plan(manifest, schedule, config)
-
-    def save(m: Manifest) -> None:
-        save_manifest(config.runs_dir, m)
-        progress.update(m)
-
-    api = PrefectApi()
+    own_id = str(flow_run.id) if flow_run.id else None
+    if own_id and own_id not in manifest.flow_run_ids:
+        manifest.flow_run_ids.append(own_id)
+    api = PrefectApi(parent_flow_run_id=own_id)
     try:
+        if own_id and name_the_run:
+            api.name_run(own_id, manifest.run_id, [run_tag(manifest.run_id)])
+        logger.info("run %s: %d clips on %s", manifest.run_id, len(manifest.clips), config.topology)
+        progress = Progress(manifest)
+
+        def save(m: Manifest) -> None:
+            save_manifest(config.runs_dir, m)
+            progress.update(m)
+
         dispatcher = Dispatcher(
-            config, config_path, manifest, api, save, choose=planner_chooser(config), incarnation=incarnation[:8]
+            config,
+            config_path,
+            manifest,
+            api,
+            save,
+            choose=planner_chooser(config),
+            incarnation=(own_id or "local")[:8],
+            own_flow_run_id=own_id,
+            log=logger.info,
         )
+        schedule = plan_for_manifest(manifest, config)
         result = dispatcher.run()
     finally:
         api.close()
+    if schedule is not None:  # drawn after the run: a large batch's chart never delays the first clip
+        publish_plan(result, schedule, config)
     paths = write_run_report(result, config)
     publish_report(result, paths)
     logger.info(
@@ -90,11 +105,18 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
 
 
 def process_inbox(config_path: str) -> dict[str, Any]:
+    """Run every batch file in the inbox; a bad or failing one is moved to ``failed/`` with its reason.
+
+    The inbox run ends Failed when any file failed (its log and ``<file>.reason.txt`` say why),
+    after the other files have run.
+    """
+    logger = get_run_logger()
     config = config_at(config_path)
     if config.prefect.schedule is None:
         raise ValueError("no inbox: local.json has no prefect.schedule")
     inbox = Path(config.prefect.schedule.inbox)
     done: dict[str, str] = {}
+    failures: list[str] = []
     for file in sorted(inbox.glob("*.json")):
         claimed = inbox / "processing" / file.name
         claimed.parent.mkdir(parents=True, exist_ok=True)
@@ -103,13 +125,22 @@ def process_inbox(config_path: str) -> dict[str, Any]:
         except FileNotFoundError:
             continue
         run_id = new_run_id(file.stem)
+        reason = None
         try:
-            run_batch(str(claimed), run_id, config_path)
-            outcome = "done"
-        except Exception:  # noqa: BLE001 - the file's fate is recorded, the next file still runs
-            outcome = "failed"
+            run_batch(str(claimed), run_id, config_path, name_the_run=False)
+        except Exception as exc:  # noqa: BLE001 - the file's fate is recorded, the next file still runs
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+        outcome = "done" if reason is None else "failed"
         target = inbox / outcome / f"{file.stem}.{run_id}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(claimed, target)
+        if reason is not None:
+            atomic_write_text(target.with_name(f"{target.name}.reason.txt"), reason + "\n")
+            logger.error("inbox: %s failed (run %s): %s", file.name, run_id, reason)
+            failures.append(f"{file.name}: {reason}")
+        else:
+            logger.info("inbox: %s done (run %s)", file.name, run_id)
         done[file.name] = f"{outcome}:{run_id}"
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(done)} inbox batch(es) failed: " + "; ".join(failures))
     return done

@@ -33,6 +33,7 @@ from h3flow.core.files import FileRef, file_intact
 from h3flow.core.fsutil import sha256_file
 from h3flow.engines import engine_for
 from h3flow.pipeline.results import BudgetSpent, FailureKind, StageResult, classify
+from h3flow.pipeline.tasks.locks import ProcessLockManager
 
 RETRY_DELAYS: list[float] = [1, 3, 9]
 
@@ -70,12 +71,10 @@ def host_cache(results: Path) -> Any:
     key at once (a resumed run beside a still-running child) compute it once; the second
     waits and gets the cached result.
     """
-    from prefect.locking.filesystem import FileSystemLockManager
-
     return CacheKeyFnPolicy(cache_key_fn=key_from_parameters).configure(
         key_storage=results / "keys",
         isolation_level="SERIALIZABLE",
-        lock_manager=FileSystemLockManager(lock_files_directory=results / "locks"),
+        lock_manager=ProcessLockManager(results / "locks"),
     )
 
 

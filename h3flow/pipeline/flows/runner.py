@@ -1,0 +1,84 @@
+"""The ``pool-runner`` flow: one long-lived flow run per pool per batch that runs its clips.
+
+Starting a flow-run process costs seconds (the worker's pick-up, Python, Prefect, torch,
+the engine) — more than a tiny clip's work, and on the decoder it would sit on every
+clip's critical path. So the dispatcher starts one runner per pool through the pool's
+work pool (its process worker launches it once per batch), and creates each clip's
+``sample-clip`` / ``decode-clip`` flow run in the pool's ``clips`` work queue, which no
+worker serves: the runner claims them and executes them here, in its warm process.
+Each clip is still its own flow run — named, tagged, cached, retried, cancellable, in
+the UI under the batch run — only its start-up is gone.
+
+Up to ``AHEAD`` clips run at once (one on the devices behind the pool lock, one
+transferring or waiting), each in its own thread so Prefect's run context of one never
+leaks into another. The runner stops when the dispatcher tags it ``h3flow:stop`` (its batch has no more work for
+it), or when it or its batch run is cancelled or over.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from h3flow.config.models import config_at
+from h3flow.core.contracts import AHEAD, pool_tag, run_tag
+from h3flow.engines import engine_for
+from h3flow.pipeline.flows.clip import config_path_or_env, decode_clip, sample_clip
+
+POLL = 0.2  # seconds between looks for a queued clip while the pool has room
+BATCH_CHECK_S = 2.0  # how often the runner asks whether its batch run is still going
+
+
+@flow(name="pool-runner", log_prints=True)
+def pool_runner(
+    run_id: str, pool: str, batch_flow_run_id: str | None = None, config_path: str | None = None
+) -> dict[str, Any]:
+    """Run this batch's clips for ``pool`` in this process until the batch run is over."""
+    from prefect.runtime import flow_run
+
+    from h3flow.pipeline.prefect_api import PrefectApi
+
+    logger = get_run_logger()
+    path = config_path_or_env(config_path)
+    config = config_at(path)
+    pool_ = config.pool(pool)
+    engine_for(config, pool_.encoder_pool or pool)  # warm: imports and weights once per batch
+    engine_for(config, pool)
+    clip_flow = sample_clip if pool_.role == "sample" else decode_clip
+    tags = [run_tag(run_id), pool_tag(pool)]
+    own_id = str(flow_run.id) if flow_run.id else None
+    api = PrefectApi()
+    active: dict[str, threading.Thread] = {}
+    ran = 0
+    checked = 0.0
+    try:
+        while True:
+            for run_key in [k for k, thread in active.items() if not thread.is_alive()]:
+                del active[run_key]
+            if own_id and time.monotonic() - checked > BATCH_CHECK_S:
+                checked = time.monotonic()
+                if api.runner_done(own_id, batch_flow_run_id):
+                    break
+            if len(active) < AHEAD:
+                for child in api.claim(tags, AHEAD - len(active)):
+                    logger.info("running %s", child.name)
+                    thread = threading.Thread(target=execute, args=(clip_flow, child), daemon=True, name=child.name)
+                    thread.start()
+                    active[str(child.id)] = thread
+                    ran += 1
+            api.pause(POLL)
+    finally:
+        api.close()
+    for thread in active.values():  # the batch is over; a clip still running was cancelled with it
+        thread.join(timeout=0)
+    return {"pool": pool, "clips_run": ran}
+
+
+def execute(clip_flow: Any, child: Any) -> None:
+    """Run one claimed clip flow run in this thread (a fresh thread: a fresh Prefect context)."""
+    from prefect.flow_engine import run_flow
+
+    run_flow(clip_flow, flow_run=child, parameters=child.parameters, return_type="state")
