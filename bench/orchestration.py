@@ -30,7 +30,7 @@ from h3flow.config.adapt import adapt, local_host_map
 from h3flow.core.fsutil import atomic_write_json
 from h3flow.ops.lifecycle import start_services, stop_services
 from h3flow.pipeline.calibration import fit
-from h3flow.pipeline.runs import start_run, watch_run
+from h3flow.pipeline.runs import load_run, start_run, watch_run
 from h3flow.planner import Planner, Resources, make_policy, parse_profile, simulate
 from h3flow.planner.timing import PlanClip
 
@@ -71,8 +71,9 @@ def main() -> None:
     rows = []
     try:
         for n in args.clips:
-            manifest = start_run(batch_file(workdir, n, f"n{n}-"), config_path)
-            manifest = watch_run(manifest.run_id, config_path, timeout=1800)
+            run_id = start_run(batch_file(workdir, n, f"n{n}-"), config_path)
+            watch_run(run_id, config_path, timeout=1800)
+            manifest = load_run(run_id, config_path)
             executed = (manifest.finished or 0) - (manifest.started or 0)
             raw, _ = fit(config, [manifest])
             profile = parse_profile(raw)

@@ -194,7 +194,11 @@ class Saved:
     def __init__(self) -> None:
         self.snapshots: list[Manifest] = []
 
-    def __call__(self, manifest: Manifest) -> None:
+    def __call__(self, manifest: Manifest, changed: set[str]) -> None:
+        if self.snapshots:  # every clip whose record differs from the last save is among ``changed``
+            last = self.snapshots[-1].clips
+            moved = {cid for cid, rec in manifest.clips.items() if rec != last[cid]}
+            assert moved <= changed, f"changed but not marked: {moved - changed}"
         self.snapshots.append(manifest.model_copy(deep=True))
 
     def states(self, clip: str) -> list[str]:

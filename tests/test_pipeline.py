@@ -113,8 +113,16 @@ def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster:
     wait_until(lambda: len(load_manifest(runs, run_id).delivered) >= 1, 180, "a first delivered clip")
     kill_tree(cluster.pidfile_pid("h3-control"))
     cluster.start()
-    res = h3(cluster, "resume", run_id)
+    tries: list[subprocess.CompletedProcess[str]] = []
+
+    def resumed() -> bool:  # refused ("still running") until the dead dispatcher's heartbeat is stale
+        tries.append(h3(cluster, "resume", run_id))
+        return "still running" not in tries[-1].stderr
+
+    wait_until(resumed, 120, "resume to take over from the dead dispatcher", every=1)
+    res = tries[-1]
     assert res.returncode == 0, res.stdout + res.stderr
+    assert all(r.returncode == 2 for r in tries[:-1])
     assert "delivered (verified)" in res.stdout
     manifest = load_manifest(runs, run_id)
     assert manifest.state == "completed" and len(manifest.delivered) == 4

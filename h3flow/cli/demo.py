@@ -59,9 +59,9 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
     t0 = time.monotonic()
     start_services(config, config_path, console=console)
     try:
-        manifest = start_run(batch, config_path)
-        console.print(f"run id: [bold]{manifest.run_id}[/]")
-        manifest = wait_for(manifest.run_id, config_path, timeout=900)
+        run_id = start_run(batch, config_path)
+        console.print(f"run id: [bold]{run_id}[/]")
+        manifest = wait_for(run_id, config_path, timeout=900)
         print_status(manifest)
         code = finish(manifest)
         run_dir = Path(config.runs_dir) / manifest.run_id

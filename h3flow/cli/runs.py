@@ -19,6 +19,7 @@ from h3flow.pipeline.manifest import (
     ClipRecord,
     Manifest,
 )
+from h3flow.pipeline.prefect_api import RunProgress
 from h3flow.pipeline.run_report import summary
 from h3flow.pipeline.runs import (
     deploy_everything,
@@ -40,21 +41,31 @@ STATE_STYLE = {
 
 
 def wait_for(run_id: str, config_path: Path, timeout: float | None = None) -> Manifest:
-    """``wait``: a progress bar per milestone until the run ends."""
+    """``wait``: progress bars (sampled, delivered) until the dispatcher ends; then the run's manifest."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bars: dict[str, Any] = {}
+        last_note: list[str | None] = [None]
 
-        def show(manifest: Manifest) -> None:
+        def show(seen: RunProgress) -> None:
             if not bars:
-                total = len(manifest.clips)
-                bars["sampled"] = progress.add_task("sampled  ", total=total)
-                bars["delivered"] = progress.add_task("delivered", total=total)
-            states = [c.state for c in manifest.clips.values()]
-            progress.update(bars["sampled"], completed=sum(s in ("sampled", "decoding", "delivered") for s in states))
-            progress.update(bars["delivered"], completed=states.count("delivered"))
+                bars["sampled"] = progress.add_task("sampled  ", total=seen.total)
+                bars["delivered"] = progress.add_task("delivered", total=seen.total)
+            note = seen.message if seen.state == "UNREACHABLE" else None
+            if note != last_note[0]:
+                progress.console.print(
+                    f"[yellow]{note}: still waiting[/]" if note else "[green]Prefect reachable again[/]"
+                )
+                last_note[0] = note
+            if seen.state != "UNREACHABLE":
+                progress.update(bars["sampled"], completed=seen.sampled, total=seen.total)
+                progress.update(bars["delivered"], completed=seen.delivered, total=seen.total)
 
-        return watch_run(run_id, config_path, show, timeout)
+        final = watch_run(run_id, config_path, show, timeout)
+    manifest = load_run(run_id, config_path)
+    if manifest.state not in ("completed", "failed", "cancelled"):
+        manifest.error = f"dispatcher {final.state.lower()}: {final.message or 'no reason given'}"
+    return manifest
 
 
 def print_status(manifest: Manifest) -> None:
@@ -134,10 +145,10 @@ def run(
     config: ConfigOpt = Path("local.json"),
 ) -> None:
     """Step 6: submit a batch; prints the run id (then waits, unless --background)."""
-    manifest = start_run(batch, config)
-    typer.echo(manifest.run_id)
+    run_id = start_run(batch, config)
+    typer.echo(run_id)
     if not background:
-        raise typer.Exit(finish(wait_for(manifest.run_id, config)))
+        raise typer.Exit(finish(wait_for(run_id, config)))
 
 
 @app.command()
@@ -184,12 +195,13 @@ def resume(
     config: ConfigOpt = Path("local.json"),
 ) -> None:
     """Step 8: verify what exists and redo only the missing sampling / decoding."""
-    manifest = resume_run(run_id, config)
-    states = [c.state for c in manifest.clips.values()]
+    found = resume_run(run_id, config)
+    for line in found.repaired:
+        console.print(f"[yellow]repaired:[/] {line}")
     console.print(
-        f"run {run_id}: {states.count('delivered')} delivered (verified), {states.count('sampled')} sampled "
-        f"(latent verified on the decoder), {states.count('pending')} to sample, {states.count('failed')} failed"
+        f"run {run_id}: {found.count('delivered')} delivered (verified), {found.count('sampled')} sampled "
+        f"(latent verified on the decoder), {found.count('pending')} to sample"
     )
-    if manifest.state == "completed" or background:
+    if found.count("delivered") == len(found.states) or background:
         raise typer.Exit(0)
     raise typer.Exit(finish(wait_for(run_id, config)))

@@ -37,6 +37,7 @@ class Clip(BaseModel):
     seconds: Annotated[float, Field(gt=0, le=30)] = 5.0
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     steps: Annotated[int, Field(ge=1, le=100)] = 6
+    image_sha256: str | None = Field(None, description="the image's content address (set by `run`, not by hand)")
 
     @field_validator("id")
     @classmethod

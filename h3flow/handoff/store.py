@@ -181,12 +181,21 @@ class LatentStore:
             if actual != name:
                 damaged.append(Damage(name, path, f"bytes hash to {actual}"))
         if quarantine:
-            jail = self.root / "latents-damaged"
             for item in damaged:
-                jail.mkdir(parents=True, exist_ok=True)
                 with contextlib.suppress(OSError):
-                    os.replace(item.path, jail / f"{item.path.name}.{int(time.time())}")
+                    self._move_aside(item.path)
         return damaged
+
+    def quarantine(self, sha256: str) -> Path:
+        """Move one (damaged) object out of the store, so the next transfer stores a good copy."""
+        return self._move_aside(self.path_for(check_sha256(sha256)))
+
+    def _move_aside(self, path: Path) -> Path:
+        jail = self.root / "latents-damaged"
+        jail.mkdir(parents=True, exist_ok=True)
+        target = jail / f"{path.name}.{int(time.time())}"
+        os.replace(path, target)
+        return target
 
     def gc(self, referenced: set[str], *, dry_run: bool = False) -> list[str]:
         """Remove objects whose SHA-256 is not in ``referenced`` (and stale temp files).

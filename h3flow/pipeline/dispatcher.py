@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from h3flow.config.models import LocalConfig
@@ -27,8 +26,7 @@ from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
 from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
-from h3flow.core.files import file_intact
-from h3flow.pipeline.manifest import ClipRecord, ClipState, Manifest
+from h3flow.pipeline.manifest import HEARTBEAT_S, ClipRecord, ClipState, Manifest
 from h3flow.pipeline.results import FailureKind, StageResult
 
 POLL = 0.5
@@ -139,7 +137,7 @@ class Dispatcher:
         config_path: str,
         manifest: Manifest,
         api: DispatchApi,
-        save: Callable[[Manifest], None],
+        save: Callable[[Manifest, set[str]], None],
         choose: Chooser = earliest_finish,
         incarnation: str = "d0",
         own_flow_run_id: str | None = None,
@@ -158,8 +156,8 @@ class Dispatcher:
         self.runner_deaths: dict[str, int] = {}
         self.runner_serial = 0
         self.children: dict[str, Child] = {}
+        self.dirty: set[str] = set()  # clips changed since the last save
         self.state = LiveState()
-        self.retransfer: set[str] = set()
         self.pools_lost_since: float | None = None
         self.pools_checked: float | None = None
 
@@ -190,8 +188,8 @@ class Dispatcher:
         manifest with its final state set but not yet saved (``wait`` ends when it sees that state)."""
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or self.api.now()
-        self.retransfer |= reconcile(self.config, self.manifest)
-        self.save(self.manifest)
+        self.restart_interrupted()
+        self.beat()
         try:
             while not self.cancelled():
                 changed = self.poll_children()
@@ -199,8 +197,8 @@ class Dispatcher:
                 changed |= self.ensure_runners()
                 changed |= self.submit_decodes()
                 changed |= self.submit_samples()
-                if changed:
-                    self.save(self.manifest)
+                if changed or self.api.now() - (self.manifest.heartbeat or 0) >= HEARTBEAT_S:
+                    self.beat()
                 if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
                     break
                 if self.no_pool_left():
@@ -212,7 +210,7 @@ class Dispatcher:
             self.stop_everything("the batch run was stopped")
             self.manifest.state = "cancelled"
             self.manifest.finished = self.api.now()
-            self.save(self.manifest)
+            self.beat()
             raise
         for runner in self.runners.values():
             self.api.stop_runner(runner)
@@ -220,6 +218,19 @@ class Dispatcher:
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
         return self.manifest  # unsaved: the caller saves the final state once the report is out
+
+    def beat(self) -> None:
+        """Save the manifest, stamped: a save is also the dispatcher's heartbeat (resume reads it)."""
+        self.manifest.heartbeat = self.api.now()
+        self.save(self.manifest, self.dirty)
+        self.dirty = set()
+
+    def restart_interrupted(self) -> None:
+        """Clips a dead dispatcher had in flight start over from their last finished step."""
+        for rec in self.manifest.clips.values():
+            if rec.state in ("sampling", "decoding"):
+                rec.state = "pending" if rec.state == "sampling" else "sampled"
+                self.dirty.add(rec.clip.id)
 
     def cancelled(self) -> bool:
         """True once the batch run is being cancelled: every child and runner is cancelled too."""
@@ -279,6 +290,7 @@ class Dispatcher:
             now = self.api.now()
             pool = self.choose(rec.clip, free, self.state, now)
             decoder = self.pick_decoder()
+            self.dirty.add(rec.clip.id)
             rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
             rec.attempts += 1
             rec.timeline["sample_submitted"] = now
@@ -288,7 +300,7 @@ class Dispatcher:
                 "pool": pool,
                 "decoder": decoder,
                 "config_path": self.config_path,
-                "retransfer": rec.clip.id in self.retransfer,
+                "retransfer": rec.retransfer,
                 "budget": self.budget(rec, SAMPLE_STAGES),
             }
             key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts}"
@@ -326,6 +338,7 @@ class Dispatcher:
                 "config_path": self.config_path,
                 "budget": self.budget(rec, DECODE_STAGES),
             }
+            self.dirty.add(rec.clip.id)
             rec.state = "decoding"
             rec.decode_attempts += 1
             rec.timeline["decode_submitted"] = self.api.now()
@@ -372,7 +385,11 @@ class Dispatcher:
         return changed
 
     def count_submissions(self, run_id: str, rec: ClipRecord, results: dict[str, StageResult]) -> None:
-        """Add a finished child's prompt submissions to the clip's tally (from Prefect if it crashed)."""
+        """Add a finished child's prompt submissions to the clip's tally (from Prefect if it crashed).
+
+        Every path that changes a clip after its child ends goes through here, so it marks the clip changed.
+        """
+        self.dirty.add(rec.clip.id)
         tries = {stage: r.tries for stage, r in results.items() if r.failure is None}
         if set(tries) < set(SAMPLE_STAGES) and set(tries) < set(DECODE_STAGES):
             tries = {**self.api.task_tries(run_id), **tries}  # crashed or failed mid-stage: ask Prefect
@@ -390,7 +407,7 @@ class Dispatcher:
             rec.latent_sha256 = results["transfer"].sha256
             rec.state = "sampled"
             rec.timeline["sampled"] = now
-            self.retransfer.discard(rec.clip.id)
+            rec.retransfer = False
             self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(now - child.submitted)
             if self.in_flight(child.pool) == 0:
                 self.state.busy_until[child.pool] = now
@@ -424,7 +441,7 @@ class Dispatcher:
             self.log(f"{rec.clip.id}: failed — {rec.error}")
             return
         if kind is FailureKind.INTEGRITY:
-            self.retransfer.add(rec.clip.id)
+            rec.retransfer = True
         rec.state = retry_as
         self.log(f"{rec.clip.id}: {child.kind} on {child.pool} {kind.value} ({reason}); sending it again")
 
@@ -482,32 +499,3 @@ def failure_of(state: str, message: str, results: dict[str, StageResult]) -> tup
     if state in ("CRASHED", "CANCELLED"):
         return FailureKind.CRASHED, message
     return FailureKind.BUG, message
-
-
-def latent_on_decoder(config: LocalConfig, decoder: str, sha: str) -> bool:
-    from h3flow.handoff.store import LatentStore
-
-    host = config.pool(decoder).host
-    return file_intact(LatentStore(Path(config.hosts[host].storage.root)).path_for(sha), sha)
-
-
-def reconcile(config: LocalConfig, manifest: Manifest) -> set[str]:
-    """Trust the files, not the record: what is delivered, what is sampled, what is left.
-
-    A delivered clip keeps its state only if its MP4 still hashes right; a clip whose
-    latent is verified in the decoder's store needs only decoding; the rest sample again
-    (where Prefect's cache makes the finished stages free). Returns the clips whose
-    latent had reached the decoder but is now missing or damaged there: they are sent
-    again, never decoded from the damaged copy.
-    """
-    resend: set[str] = set()
-    for rec in manifest.clips.values():
-        if rec.state == "delivered" and rec.output and file_intact(rec.output, rec.output_sha256):
-            continue
-        if rec.latent_sha256 and rec.decoder and latent_on_decoder(config, rec.decoder, rec.latent_sha256):
-            rec.state = "sampled"
-        elif rec.state != "failed":
-            if rec.latent_sha256:
-                resend.add(rec.clip.id)
-            rec.state = "pending"
-    return resend

@@ -11,13 +11,17 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
-from h3flow.core.contracts import STOP_TAG
+from h3flow.core.contracts import STOP_TAG, run_tag
+from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.results import StageResult, results_from_rows
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 @contextlib.contextmanager
@@ -27,6 +31,21 @@ def prefect_api(config: LocalConfig) -> Iterator[None]:
 
     with temporary_settings({PREFECT_API_URL: config.prefect.api_url}):
         yield
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """A run as Prefect sees it: the dispatcher's state and its children's counts."""
+
+    state: str  # the newest batch flow run's state type (RUNNING, COMPLETED, ...), or UNREACHABLE
+    sampled: int
+    delivered: int
+    total: int | None
+    message: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
 class PrefectApi:
@@ -163,7 +182,7 @@ class PrefectApi:
 
         self.client.set_flow_run_state(UUID(run_id), Cancelled(message=why), force=True)
 
-    def name_run(self, run_id: str, name: str, tags: list[str]) -> None:
+    def name_run(self, run_id: str, name: str | None, tags: list[str]) -> None:
         """Give a flow run h3flow's name and tags (a batch run started from the UI or the Prefect CLI too)."""
         from uuid import UUID
 
@@ -176,6 +195,59 @@ class PrefectApi:
 
         current = self.client.read_flow_run(UUID(run_id))
         self.client.update_flow_run(UUID(run_id), tags=sorted({*current.tags, STOP_TAG}))
+
+    # -- readers: a run as Prefect sees it
+    def batch_runs(self, run_id: str) -> list[Any]:
+        """The run's dispatcher flow runs (the first one and every resume), oldest first."""
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        return list(
+            self.client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])),
+                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag(run_id)])),
+                sort=FlowRunSort.START_TIME_ASC,
+            )
+        )
+
+    def live_dispatcher(self, run_id: str) -> str | None:
+        """The id of a dispatcher flow run of this run that has not finished, if any."""
+        for run in self.batch_runs(run_id):
+            if run.state_type is None or run.state_type.value not in TERMINAL_STATES:
+                return str(run.id)
+        return None
+
+    def run_progress(self, run_id: str) -> RunProgress:
+        """The newest dispatcher's state and how many clips its children sampled and delivered."""
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            FlowRunFilterTags,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        runs = self.batch_runs(run_id)
+        if not runs:
+            raise H3FlowError(f"unknown run id {run_id!r}: Prefect has no batch run tagged {run_tag(run_id)}")
+        newest = runs[-1]
+        total = next((len(r.parameters["clips"]) for r in runs if r.parameters.get("clips")), None)
+        done = FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[run_tag(run_id)]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])),
+        )
+
+        def finished(flow: str) -> int:
+            count = self.client.count_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])), flow_run_filter=done
+            )
+            return min(count, total) if total is not None else count
+
+        state = newest.state_type.value if newest.state_type else "PENDING"
+        message = newest.state.message if newest.state else None
+        return RunProgress(state, finished("sample-clip"), finished("decode-clip"), total, message)
 
     # -- the pool runner's side
     def runner_done(self, own_id: str, batch_id: str | None) -> bool:

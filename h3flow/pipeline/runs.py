@@ -1,31 +1,40 @@
-"""Run control: deploy, start a run, resume it, ask how it stands.
+"""Run control: deploy, start a run, follow it, resume it — what the CLI, demo and benchmarks call.
 
-What the CLI, the demo and the benchmarks call. ``start_run`` validates the batch
-before anything starts, writes the run's first manifest and submits the ``batch/run``
-deployment (the dispatcher); from then on the dispatcher is the manifest's only writer.
-``resume_run`` reconciles the manifest with the stores and submits the same run id again.
+No shared disk is assumed. ``start_run`` validates the batch, hashes and stages its
+images where the encoders will read them, and submits the ``batch/run`` deployment with
+the clips inline; the dispatcher creates the run's manifest on its own host and is its
+only writer. ``watch_run`` follows a run through Prefect alone (the batch flow run and
+its children). Reading a manifest and checking what each host's store holds are
+passed in (:data:`ManifestReader`, :data:`Inventory`): here, on this machine's disk
+(the embedded default); the CLI passes the host agents' versions for a cluster.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from h3flow.config.models import LocalConfig, load_local_config
-from h3flow.core.batch import load_batch
+from h3flow.core.batch import Batch, load_batch
+from h3flow.core.contracts import run_tag
 from h3flow.core.errors import H3FlowError
-from h3flow.core.fsutil import atomic_write_json
-from h3flow.pipeline.manifest import Manifest, load_manifest, new_manifest, new_run_id, run_dir, save_manifest
+from h3flow.core.fsutil import sha256_file
+from h3flow.handoff.inventory import HostFiles, check_host_files
+from h3flow.pipeline.manifest import HEARTBEAT_S, STALE_AFTER, ClipState, Manifest, load_manifest, new_run_id
+from h3flow.pipeline.prefect_api import PrefectApi, RunProgress, prefect_api
 from h3flow.pipeline.run_report import summary
 
-if TYPE_CHECKING:
-    from prefect.client.schemas.objects import FlowRun
+ManifestReader = Callable[[str], Manifest]
+"""run id -> that run's manifest, wherever the dispatcher keeps it."""
 
-FINISHED = ("completed", "failed", "cancelled")
-DEAD = ("FAILED", "CRASHED", "CANCELLED")
+Inventory = Callable[[str, list[str], list[tuple[str, str]]], HostFiles]
+"""(host, latent SHA-256s, (output path, SHA-256)s) -> what that host really holds; damage moved aside."""
+
+Stager = Callable[[LocalConfig, Batch], Batch]
+"""Puts a batch's images where the encoder hosts read them; returns the batch as they will see it."""
 
 
 def deploy_everything(config_path: Path) -> list[str]:
@@ -39,92 +48,63 @@ def deploy_everything(config_path: Path) -> list[str]:
     return names
 
 
-def submit(config: LocalConfig, config_path: Path, manifest: Manifest, batch_file: str | None) -> str:
-    """Start the dispatcher as a run of the ``batch/run`` deployment; returns its flow run id."""
-    from prefect.deployments import run_deployment
+# --------------------------------------------------------------------------- starting
+def with_image_hashes(batch: Batch) -> Batch:
+    """Each clip names its image by content too, so a host without the file can still find it."""
+    hashes: dict[Path, str] = {}
+    clips = []
+    for clip in batch.clips:
+        if clip.image not in hashes:
+            hashes[clip.image] = sha256_file(clip.image)
+        clips.append(clip.model_copy(update={"image_sha256": hashes[clip.image]}))
+    return batch.model_copy(update={"clips": clips})
 
-    from h3flow.pipeline.prefect_api import prefect_api
+
+def images_in_place(config: LocalConfig, batch: Batch) -> Batch:
+    """The embedded default: the encoders run on this machine and read the images where they are."""
+    return batch
+
+
+def submit_dispatcher(config: LocalConfig, config_path: Path, run_id: str, parameters: dict[str, Any]) -> str:
+    """Start the dispatcher as a run of ``batch/run``, named after the run and tagged with it."""
+    from prefect.deployments import run_deployment
 
     try:
         with prefect_api(config):
             run = run_deployment(
                 "batch/run",
-                parameters={"batch": batch_file, "run_id": manifest.run_id, "config_path": str(config_path.resolve())},
+                parameters={"run_id": run_id, "config_path": str(config_path.resolve()), **parameters},
                 timeout=0,
                 as_subflow=False,
-                flow_run_name=manifest.run_id,
+                flow_run_name=run_id,
+                tags=[run_tag(run_id)],
             )
     except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
         raise H3FlowError(
             f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)"
         ) from None
-    return str(cast("FlowRun", run).id)  # Prefect's sync/async dual API
+    return str(getattr(run, "id", ""))
 
 
-def start_run(batch_file: Path, config_path: Path) -> Manifest:
+def start_run(batch_file: Path, config_path: Path, stage: Stager = images_in_place) -> str:
+    """Validate, stage and submit a batch; returns the run id (nothing runs if the batch is bad)."""
     config = load_local_config(config_path)
-    batch = load_batch(batch_file)
-    manifest = new_manifest(new_run_id(batch.name), batch.name, batch.clips, str(config_path.resolve()))
-    save_manifest(config.runs_dir, manifest)
-    record_dispatcher(config, manifest, submit(config, config_path, manifest, str(batch_file.resolve())))
-    return manifest
+    batch = stage(config, with_image_hashes(load_batch(batch_file)))
+    run_id = new_run_id(batch.name)
+    clips = [clip.model_dump(mode="json") for clip in batch.clips]
+    submit_dispatcher(config, config_path, run_id, {"clips": clips, "batch_name": batch.name})
+    return run_id
 
 
-def submitted_path(config: LocalConfig, run_id: str) -> Path:
-    return run_dir(config.runs_dir, run_id) / "dispatchers.json"
+# --------------------------------------------------------------------------- reading
+def local_manifests(config: LocalConfig) -> ManifestReader:
+    """Manifests from this machine's runs_dir (where the dispatcher of the embedded default writes)."""
+    return lambda run_id: load_manifest(config.runs_dir, run_id)
 
 
-def record_dispatcher(config: LocalConfig, manifest: Manifest, flow_run_id: str) -> None:
-    """Note the dispatcher's flow run at once (beside the manifest, which only the
-    dispatcher writes), so `wait` can tell if it dies before it ever starts."""
-    path = submitted_path(config, manifest.run_id)
-    ids = json.loads(path.read_text()) if path.exists() else []
-    atomic_write_json(path, [*ids, flow_run_id])
-
-
-def resume_run(run_id: str, config_path: Path) -> Manifest:
-    from h3flow.pipeline.dispatcher import reconcile
-
+def load_run(run_id: str, config_path: Path, read: ManifestReader | None = None) -> Manifest:
     config = load_local_config(config_path)
-    manifest = load_manifest(config.runs_dir, run_id)
-    reconcile(config, manifest)
-    if all(c.state == "delivered" for c in manifest.clips.values()):
-        return manifest
-    for rec in manifest.clips.values():  # a failed clip gets a fresh chance on resume
-        if rec.state == "failed":
-            rec.state, rec.error, rec.attempts = "pending", None, 0
-    manifest.state = "pending"
-    save_manifest(config.runs_dir, manifest)
-    record_dispatcher(config, manifest, submit(config, config_path, manifest, None))
-    return manifest
-
-
-def dispatcher_state(config: LocalConfig, manifest: Manifest) -> tuple[str, str | None] | None:
-    """The state of the newest dispatcher flow run, or None when Prefect can't tell."""
-    path = submitted_path(config, manifest.run_id)
-    ids = json.loads(path.read_text()) if path.exists() else manifest.flow_run_ids
-    if not ids:
-        return None
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-
-    from h3flow.pipeline.prefect_api import prefect_api
-
-    try:
-        with prefect_api(config), get_client(sync_client=True) as client:
-            run = client.read_flow_run(UUID(ids[-1]))
-    except Exception:  # noqa: BLE001 - the server may be down; the manifest still speaks
-        return None
-    return (run.state_type.value if run.state_type else "PENDING", run.state.message if run.state else None)
-
-
-def load_run(run_id: str, config_path: Path) -> Manifest:
-    return load_manifest(load_local_config(config_path).runs_dir, run_id)
-
-
-def as_json(manifest: Manifest) -> dict[str, Any]:
-    return {**summary(manifest), "clips": {k: v.model_dump(mode="json") for k, v in manifest.clips.items()}}
+    return (read or local_manifests(config))(run_id)
 
 
 def manifest_json(manifest: Manifest) -> dict[str, Any]:
@@ -135,26 +115,116 @@ def manifest_json(manifest: Manifest) -> dict[str, Any]:
 def watch_run(
     run_id: str,
     config_path: Path,
-    on_update: Callable[[Manifest], None] | None = None,
+    on_update: Callable[[RunProgress], None] | None = None,
     timeout: float | None = None,
-    every: float = 0.5,
-) -> Manifest:
-    """Follow a run until it ends (or its dispatcher dies); ``on_update`` sees each reading."""
+    every: float = 1.0,
+) -> RunProgress:
+    """Follow a run through the Prefect API until its dispatcher is done; a server that is down is
+    reported (``UNREACHABLE``) and waited for, never mistaken for the end of the run."""
     config = load_local_config(config_path)
     deadline = None if timeout is None else time.monotonic() + timeout
-    checked = 0.0
-    while True:
-        manifest = load_manifest(config.runs_dir, run_id)
-        if on_update is not None:
-            on_update(manifest)
-        if manifest.state in FINISHED:
-            return manifest
-        if time.monotonic() - checked > 5:
-            checked = time.monotonic()
-            got = dispatcher_state(config, manifest)
-            if got and got[0] in DEAD:
-                manifest.error = f"dispatcher {got[0].lower()}: {got[1] or ''}".strip()
-                return manifest
-        if deadline and time.monotonic() > deadline:
-            raise H3FlowError(f"run {run_id} still running after {timeout:g} s")
-        time.sleep(every)  # the poll interval of a reader of the manifest, not synchronisation
+    api: PrefectApi | None = None
+    with prefect_api(config):
+        while True:
+            try:
+                api = api or PrefectApi()
+                progress = api.run_progress(run_id)
+            except H3FlowError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the server is down or restarting: say so, keep waiting
+                if api is not None:
+                    api.close()
+                    api = None
+                progress = RunProgress("UNREACHABLE", 0, 0, None, f"Prefect at {config.prefect.api_url}: {exc}")
+            if on_update is not None:
+                on_update(progress)
+            if progress.finished:
+                if api is not None:
+                    api.close()
+                return progress
+            if deadline and time.monotonic() > deadline:
+                raise H3FlowError(f"run {run_id} still running after {timeout:g} s")
+            time.sleep(every)  # the poll interval of a reader, not synchronisation
+
+
+# --------------------------------------------------------------------------- resuming
+@dataclass(frozen=True)
+class Resumption:
+    """What ``resume`` found, per clip: the state to continue from, and whether to re-send its latent."""
+
+    states: dict[str, ClipState]
+    resend: set[str]
+    repaired: list[str]  # one line per damaged file moved aside
+
+    def count(self, state: str) -> int:
+        return sum(1 for s in self.states.values() if s == state)
+
+
+def local_inventory(config: LocalConfig) -> Inventory:
+    """Check files on this machine (every host of the embedded default is this machine)."""
+
+    def check(host: str, latents: list[str], outputs: list[tuple[str, str]]) -> HostFiles:
+        return check_host_files(Path(config.hosts[host].storage.root), latents, outputs, repair=True)
+
+    return check
+
+
+def reconcile(manifest: Manifest, config: LocalConfig, inventory: Inventory) -> Resumption:
+    """Trust the files, not the record: ask each decoder host what it holds, verified by SHA-256.
+
+    A delivered clip stays delivered only if its MP4 still hashes right; a clip whose
+    latent is intact on its decoder needs only decoding; every other clip samples again
+    (Prefect's cache makes its finished stages free) and re-sends its latent. Damaged
+    files are moved aside by the host, never decoded or served, and made again.
+    """
+    by_host: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
+    for rec in manifest.clips.values():
+        if rec.decoder is None:
+            continue
+        latents, outputs = by_host.setdefault(config.pool(rec.decoder).host, ([], []))
+        if rec.latent_sha256:
+            latents.append(rec.latent_sha256)
+        if rec.output and rec.output_sha256:
+            outputs.append((rec.output, rec.output_sha256))
+    found = {host: inventory(host, latents, outputs) for host, (latents, outputs) in by_host.items()}
+    states: dict[str, ClipState] = {}
+    resend: set[str] = set()
+    repaired = [line for files in found.values() for line in files.repaired]
+    for cid, rec in manifest.clips.items():
+        files = found.get(config.pool(rec.decoder).host) if rec.decoder else None
+        if files and rec.output and files.outputs.get(rec.output) == "ok" and rec.state == "delivered":
+            states[cid] = "delivered"
+        elif files and rec.latent_sha256 and files.latents.get(rec.latent_sha256) == "ok":
+            states[cid] = "sampled"
+        else:
+            states[cid] = "pending"
+            if rec.latent_sha256:
+                resend.add(cid)
+    return Resumption(states, resend, repaired)
+
+
+def resume_run(
+    run_id: str, config_path: Path, read: ManifestReader | None = None, inventory: Inventory | None = None
+) -> Resumption:
+    """Verify what exists and start the run's dispatcher again for the rest (refused while one runs)."""
+    config = load_local_config(config_path)
+    manifest = (read or local_manifests(config))(run_id)
+    with prefect_api(config):
+        api = PrefectApi()
+        try:
+            alive = api.live_dispatcher(run_id)
+            if alive is not None:
+                age = time.time() - (manifest.heartbeat or 0)
+                if age < STALE_AFTER * HEARTBEAT_S and manifest.state not in ("completed", "failed", "cancelled"):
+                    raise H3FlowError(
+                        f"run {run_id} is still running (its dispatcher, flow run {alive}, saved {age:.0f} s ago): "
+                        f"wait for it, or `h3flow cancel {run_id}` first"
+                    )
+                api.abandon(alive, f"its dispatcher stopped heart-beating {age:.0f} s ago: taken over by resume")
+        finally:
+            api.close()
+    found = reconcile(manifest, config, inventory or local_inventory(config))
+    if found.count("delivered") < len(found.states):
+        resume = {"states": found.states, "resend": sorted(found.resend)}
+        submit_dispatcher(config, config_path, run_id, {"resume": resume})
+    return found

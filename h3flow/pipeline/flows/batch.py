@@ -1,9 +1,11 @@
 """The ``batch`` flow: plan, dispatch, collect, report — and the scheduled inbox.
 
-Called with a batch file it runs that batch under ``run_id`` (a fresh one if absent;
-an existing run id resumes that run). Called with no batch (the cron deployment), it
-takes every ``*.json`` in the inbox folder and runs each, moving the file to
-``done/`` or ``failed/`` with its run id.
+``h3flow run`` calls it with the batch's clips inline (validated, images hashed and
+staged); from the UI or ``prefect deployment run batch/run --param batch=FILE`` it
+reads a batch file on the dispatcher's host. An existing ``run_id`` with ``resume``
+(what ``h3flow resume`` found on the hosts) continues that run. Called with nothing
+(the cron deployment) it takes every ``*.json`` in the inbox folder and runs each,
+moving the file to ``done/`` or ``failed/`` with its run id.
 """
 
 from __future__ import annotations
@@ -15,60 +17,107 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from h3flow.config.models import config_at
-from h3flow.core.batch import load_batch
+from h3flow.core.batch import Batch, Clip, load_batch
 from h3flow.core.contracts import run_tag
+from h3flow.core.errors import ConfigError
 from h3flow.core.fsutil import atomic_write_text
 from h3flow.pipeline.artifacts import Progress, publish_plan, publish_report
 from h3flow.pipeline.dispatcher import Dispatcher, planner_chooser
 from h3flow.pipeline.flows.clip import config_path_or_env
-from h3flow.pipeline.manifest import Manifest, load_manifest, manifest_path, new_manifest, new_run_id, save_manifest
+from h3flow.pipeline.manifest import (
+    Manifest,
+    ManifestWriter,
+    load_manifest,
+    manifest_path,
+    new_manifest,
+    new_run_id,
+    save_manifest,
+)
 from h3flow.pipeline.plan import plan_for_manifest
 from h3flow.pipeline.prefect_api import PrefectApi
 from h3flow.pipeline.run_report import write_run_report
+from h3flow.pipeline.runs import with_image_hashes
 
 
-def open_run(batch: str | None, run_id: str | None, config_path: str) -> Manifest:
-    """The run's manifest: loaded when the run exists (resume), created from the batch otherwise."""
+def open_run(
+    config_path: str,
+    run_id: str | None,
+    batch_file: str | None = None,
+    clips: list[dict[str, Any]] | None = None,
+    batch_name: str | None = None,
+    resume: dict[str, Any] | None = None,
+) -> Manifest:
+    """The run's manifest: loaded (and brought up to date with ``resume``) when the run exists,
+    created from the clips or the batch file otherwise. The dispatcher is its only writer."""
     config = config_at(config_path)
     if run_id and manifest_path(config.runs_dir, run_id).exists():
-        return load_manifest(config.runs_dir, run_id)
-    if batch is None:
-        raise ValueError("a new run needs a batch file")
-    parsed = load_batch(Path(batch))
+        manifest = load_manifest(config.runs_dir, run_id)
+        if resume:
+            apply_resume(manifest, resume)
+        return manifest
+    if resume:
+        raise ConfigError(f"nothing to resume: no manifest for run {run_id} in {config.runs_dir}")
+    if clips is not None:
+        parsed = Batch(name=batch_name or "batch", clips=[Clip.model_validate(c) for c in clips])
+    elif batch_file is not None:
+        parsed = with_image_hashes(load_batch(Path(batch_file)))
+    else:
+        raise ConfigError("a new run needs its clips or a batch file")
     manifest = new_manifest(run_id or new_run_id(parsed.name), parsed.name, parsed.clips, config_path)
     save_manifest(config.runs_dir, manifest)
     return manifest
 
 
+def apply_resume(manifest: Manifest, resume: dict[str, Any]) -> None:
+    """Continue each clip from what ``resume`` verified on the hosts; unfinished clips get a fresh budget."""
+    resend = set(resume.get("resend", []))
+    for cid, state in resume.get("states", {}).items():
+        rec = manifest.clips[cid]
+        rec.state = state
+        rec.retransfer = cid in resend
+        if state != "delivered":
+            rec.error, rec.failure, rec.attempts, rec.decode_attempts, rec.submissions = None, None, 0, 0, {}
+            if state == "pending":
+                rec.output = rec.output_sha256 = None
+    manifest.state, manifest.error, manifest.finished = "pending", None, None
+
+
 @flow(name="batch", log_prints=True)
-def batch(batch: str | None = None, run_id: str | None = None, config_path: str | None = None) -> dict[str, Any]:
+def batch(
+    batch: str | None = None,
+    run_id: str | None = None,
+    config_path: str | None = None,
+    clips: list[dict[str, Any]] | None = None,
+    batch_name: str | None = None,
+    resume: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Dispatch a batch over the pools (or process the inbox when no batch is given)."""
     path = config_path_or_env(config_path)
-    if batch is None and run_id is None:
+    if batch is None and clips is None and run_id is None:
         return process_inbox(path)
-    return run_batch(batch, run_id, path)
+    manifest = open_run(path, run_id, batch, clips, batch_name, resume)
+    return run_batch(manifest, path)
 
 
-def run_batch(
-    batch_file: str | None, run_id: str | None, config_path: str, name_the_run: bool = True
-) -> dict[str, Any]:
+def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -> dict[str, Any]:
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
     config = config_at(config_path)
-    manifest = open_run(batch_file, run_id, config_path)
     own_id = str(flow_run.id) if flow_run.id else None
     if own_id and own_id not in manifest.flow_run_ids:
         manifest.flow_run_ids.append(own_id)
     api = PrefectApi(parent_flow_run_id=own_id)
     try:
-        if own_id and name_the_run:
-            api.name_run(own_id, manifest.run_id, [run_tag(manifest.run_id)])
+        if own_id:  # the inbox run keeps its name and gathers one tag per batch it runs
+            api.name_run(own_id, manifest.run_id if name_the_run else None, [run_tag(manifest.run_id)])
         logger.info("run %s: %d clips on %s", manifest.run_id, len(manifest.clips), config.topology)
         progress = Progress(manifest)
 
-        def save(m: Manifest) -> None:
-            save_manifest(config.runs_dir, m)
+        writer = ManifestWriter(config.runs_dir, manifest.run_id)
+
+        def save(m: Manifest, changed: set[str]) -> None:
+            writer.save(m, changed)
             progress.update(m)
 
         dispatcher = Dispatcher(
@@ -127,7 +176,7 @@ def process_inbox(config_path: str) -> dict[str, Any]:
         run_id = new_run_id(file.stem)
         reason = None
         try:
-            run_batch(str(claimed), run_id, config_path, name_the_run=False)
+            run_batch(open_run(config_path, run_id, batch_file=str(claimed)), config_path, name_the_run=False)
         except Exception as exc:  # noqa: BLE001 - the file's fate is recorded, the next file still runs
             reason = " ".join(str(exc).split()) or type(exc).__name__
         outcome = "done" if reason is None else "failed"

@@ -11,7 +11,6 @@ which is how the dispatcher on another host learns the outcome without shared st
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from h3flow.core.batch import Clip
 from h3flow.core.contracts import MAX_SUBMISSIONS
 from h3flow.core.errors import ConfigError, IntegrityError
 from h3flow.core.files import file_intact
-from h3flow.core.fsutil import file_lock
+from h3flow.core.fsutil import atomic_path, file_lock
 from h3flow.engines import engine_for
 from h3flow.pipeline.results import StageResult, classify
 from h3flow.pipeline.tasks import keys, stages
@@ -188,22 +187,20 @@ def decode_clip(
                 key=keys.decode_key(latent_sha256, config.model),
             )
         final = Path(storage.outputs) / run_id / f"{clip_id}.mp4"
-        link_verified(Path(record.path or ""), final, record.sha256 or "")
+        deliver(Path(record.path or ""), final, record.sha256 or "")
         done["decode"] = record.model_copy(update={"path": str(final)})
     return {stage: r.row() for stage, r in done.items()}
 
 
-def link_verified(source: Path, target: Path, sha256: str) -> None:
-    """Give a content-addressed file its per-run name (hard link, else copy); never clobber other bytes."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def deliver(source: Path, target: Path, sha256: str) -> None:
+    """Give a content-addressed MP4 its per-run name as a file of its own (a copy, never a link), so
+    editing or damaging a delivered video cannot reach the cache or other runs; never clobber other bytes."""
     if target.exists():
         if file_intact(target, sha256):
             return
-        raise ConfigError(f"{target} exists with other content; not overwriting it")
-    tmp = target.with_name(f".tmp-{target.name}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
+        raise ConfigError(f"{target} exists with other content; not overwriting it (move it aside and resume)")
+    with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    if not file_intact(target, sha256):
+        target.unlink(missing_ok=True)
+        raise IntegrityError(f"{source} changed while it was delivered to {target}")

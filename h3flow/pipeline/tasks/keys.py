@@ -17,7 +17,7 @@ def encode_key(clip: Clip, model: Model, image_sha256: str | None = None) -> str
         {
             "stage": "encode",
             "prompt": clip.prompt,
-            "image": image_sha256 or sha256_file(clip.image),
+            "image": image_sha256 or clip.image_sha256 or sha256_file(clip.image),
             "encoder": [model.kind, model.text_encoder],
             "spec": clip.spec,
             "frames": clip.frames,

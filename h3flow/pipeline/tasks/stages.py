@@ -131,11 +131,14 @@ def encode(
     clip: dict[str, Any], pool: str, config_path: str, key: str, allowed: bool = True, stage_name: str = "encode"
 ) -> StageResult:
     """Prompt + reference image → conditioning file, on the pool that encodes for ``pool``."""
+    from h3flow.handoff.inputs import image_on_this_host
+
     check_budget(allowed, "encode")
     config = config_at(config_path)
     encoder = config.pool(config.pool(pool).encoder_pool or pool)
     started = time.time()
-    clip_ = Clip.model_validate(clip)
+    storage = config.hosts[encoder.host].storage
+    clip_ = image_on_this_host(Clip.model_validate(clip), Path(storage.root), encoder.host)
     directory = Path(config.hosts[encoder.host].storage.conditioning)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".tmp-{clip_.id}-{uuid.uuid4().hex}.safetensors"
