@@ -110,7 +110,10 @@ def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster:
     batch = write_batch(tmp_path / "resume.json", [{"id": f"r{i}", "seed": 200 + i} for i in range(4)])
     run_id = submit(cluster, batch)
     runs = Path(cluster.config.runs_dir)
-    wait_until(lambda: len(load_manifest(runs, run_id).delivered) >= 1, 180, "a first delivered clip")
+    def delivered() -> int:  # the dispatcher writes the manifest once it starts
+        return len(load_manifest(runs, run_id).delivered) if (runs / run_id / "manifest.json").exists() else 0
+
+    wait_until(lambda: delivered() >= 1, 180, "a first delivered clip")
     kill_tree(cluster.pidfile_pid("h3-control"))
     cluster.start()
     tries: list[subprocess.CompletedProcess[str]] = []
