@@ -110,6 +110,7 @@ def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster:
     batch = write_batch(tmp_path / "resume.json", [{"id": f"r{i}", "seed": 200 + i} for i in range(4)])
     run_id = submit(cluster, batch)
     runs = Path(cluster.config.runs_dir)
+
     def delivered() -> int:  # the dispatcher writes the manifest once it starts
         return len(load_manifest(runs, run_id).delivered) if (runs / run_id / "manifest.json").exists() else 0
 
