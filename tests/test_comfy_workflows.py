@@ -217,25 +217,3 @@ def test_complete_prompt_fills_declared_defaults_and_names_the_rest(schema: dict
     # what the template sets is never overridden, and a node type the server lacks is left to the validator
     untouched = complete_prompt(filled("h3-sample", steps=9), {}, template="h3-sample")
     assert untouched.prompt == filled("h3-sample", steps=9) and not untouched.filled and not untouched.unfillable
-
-
-def test_schema_fixture_matches_the_node_pack(schema: dict) -> None:
-    """The pack's schemas in the fixture are its INPUT_TYPES (the server tier checks /object_info too)."""
-    import sys
-
-    sys.path.insert(0, str(WORKFLOWS_DIR.parent / "comfy_nodes"))
-    from h3flow_nodes import NODE_CLASS_MAPPINGS
-
-    def as_json(specs: dict) -> dict:
-        return json.loads(
-            json.dumps({k: [list(v[0]) if isinstance(v[0], tuple) else v[0], *v[1:]] for k, v in specs.items()})
-        )
-
-    for name, cls in NODE_CLASS_MAPPINGS.items():
-        types = cls.INPUT_TYPES()
-        required = as_json(types.get("required", {}))
-        if name == "H3MultiGPUCLIPLoader":
-            required["clip_name"] = schema[name]["input"]["required"]["clip_name"]  # host files
-        assert schema[name]["input"]["required"] == required, name
-        assert schema[name]["input"].get("optional", {}) == as_json(types.get("optional", {})), name
-        assert schema[name]["output"] == list(cls.RETURN_TYPES), name

@@ -38,6 +38,8 @@ class EnumClass:
     members: tuple[tuple[str, Any], ...]  # (name, value) in definition order
 
 
+BUILTINS = {"list": list, "tuple": tuple, "float": float, "int": int, "sorted": sorted}
+
 # comfy_api.latest io classes -> their io_type (ComfyUI's @comfytype(io_type=...))
 V3_TYPES = {
     "Boolean": "BOOLEAN",
@@ -83,6 +85,8 @@ class ModuleConstants:
         for node in self.tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self.assigned[node.targets[0].id] = node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                self.assigned[node.target.id] = node.value
             elif isinstance(node, ast.ClassDef):
                 self.classes[node.name] = node
                 if any(_name(base) in ("Enum", "enum.Enum", "StrEnum", "IntEnum") for base in node.bases):
@@ -96,9 +100,10 @@ class ModuleConstants:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     self.aliases[alias.asname or alias.name.split(".")[0]] = (alias.name, None)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom):  # relative imports keyed as ".module"
+                module = "." * node.level + (node.module or "")
                 for alias in node.names:
-                    self.aliases[alias.asname or alias.name] = (node.module, alias.name)
+                    self.aliases[alias.asname or alias.name] = (module, alias.name)
 
     def value(self, node: ast.expr, local: Mapping[str, Any] | None = None) -> Any:
         """The value of an expression, or :class:`Dynamic` when it needs the running program."""
@@ -138,6 +143,18 @@ class ModuleConstants:
             module = self.aliases.get(node.value.id)
             if module and module[1] is None and module[0] in self.imports:
                 return self.imports[module[0]].name(node.attr)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in BUILTINS
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            arg = self.value(node.args[0], local)
+            if not isinstance(arg, Dynamic) and not (
+                isinstance(arg, (list, tuple)) and any(isinstance(a, Dynamic) for a in arg)
+            ):
+                return BUILTINS[node.func.id](arg)
         if isinstance(node, ast.ListComp) and len(node.generators) == 1:
             gen = node.generators[0]
             source = self.value(gen.iter, local)
@@ -280,7 +297,9 @@ def _v3_node(module: ModuleConstants, schema: ast.Call) -> tuple[str, dict[str, 
         output.append(io_type)
         output_name.append(display or io_type)
     is_output = kwargs.get("is_output_node")
+    description = kwargs.get("description")
     return node_id, {
+        "description": module.value(description) if description is not None else "",
         "input": inputs,
         "output": output,
         "output_name": output_name,
@@ -314,7 +333,7 @@ def node_schemas(module: ModuleConstants, wanted: set[str]) -> dict[str, dict[st
 
 # --------------------------------------------------------------------------- comparison
 FLAGS_FALSE_IS_ABSENT = {"multiline", "advanced", "dynamicPrompts", "forceInput", "socketless", "lazy"}
-FLAGS_FALSE_IS_ABSENT |= {"control_after_generate", "image_upload", "optional"}
+FLAGS_FALSE_IS_ABSENT |= {"control_after_generate", "image_upload", "optional", "multiselect"}
 NOT_COMPARED = {"tooltip"}  # documentation text, not schema: it changes with every wording fix
 
 
