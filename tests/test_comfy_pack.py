@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from ui_workflow import to_api
 from upstream_nodes import Dynamic, ModuleConstants, compare, node_schemas
 
 from h3flow.core.paths import NODE_PACK_DIR
-from h3flow.engines.workflows import upstream_object_info
+from h3flow.engines.workflows import upstream_object_info, validate_prompt
 
 # What ComfyUI's own requirements.txt installs, plus ComfyUI's top-level modules.
 COMFY_ENVIRONMENT = {"torch", "safetensors", "numpy", "av", "PIL", "psutil"}
@@ -121,30 +122,50 @@ def test_schema_fixture_matches_the_node_pack(pack_schemas: dict[str, dict]) -> 
 
 # --------------------------------------------------------------------------- example workflows (UI format)
 EXAMPLES = NODE_PACK_DIR / "example_workflows"
+VIRTUAL = {"MarkdownNote", "Note"}  # editor-only nodes, never sent to the server
 
 
 def examples() -> list[Path]:
     return sorted(EXAMPLES.glob("*.json"))
 
 
-def test_there_is_one_example_per_stage_and_one_for_the_whole_pipeline() -> None:
+def test_one_example_per_stage_and_one_for_the_whole_pipeline_written_by_the_script() -> None:
     assert [p.stem for p in examples()] == [
         "h3flow_1_reference_encode",
         "h3flow_2_reference_sample",
         "h3flow_3_reference_decode",
         "h3flow_4_reference_pipeline",
-        "h3flow_5_minimax_h3_handoff",
+        "h3flow_5_minimax_h3_sample_handoff",
+        "h3flow_6_minimax_h3_decode_handoff",
     ]
-    for path in examples():  # ComfyUI's Templates browser shows a thumbnail beside each, when there is one
-        assert path.with_suffix(".webp").is_file() or True
+    done = subprocess.run(
+        [sys.executable, str(NODE_PACK_DIR.parents[1] / "scripts" / "make_example_workflows.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "up to date"), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("path", examples(), ids=lambda p: p.stem)
 def test_example_workflow_loads_without_placeholders_or_nan(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert "{{" not in text and "NaN" not in text and "Infinity" not in text
-    workflow = json.loads(text, parse_constant=lambda c: pytest.fail(f"{path.name}: {c}"))
-    from h3flow.engines.ui_workflows import check_ui_workflow
+    workflow = json.loads(text)
+    assert {n["type"] for n in workflow["nodes"]} & VIRTUAL, "each example explains itself in a note"
+    real = {**workflow, "nodes": [n for n in workflow["nodes"] if n["type"] not in VIRTUAL]}
+    prompt, problems = to_api(real, upstream_object_info())
+    assert problems == []
+    assert validate_prompt(prompt, upstream_object_info()) == []
+    assert any(n["class_type"].startswith("H3") for n in prompt.values())
 
-    known = {**upstream_object_info()}
-    assert check_ui_workflow(workflow, known) == []
+
+def test_the_checker_catches_what_shows_as_nan_in_the_editor() -> None:
+    workflow = json.loads((EXAMPLES / "h3flow_2_reference_sample.json").read_text())
+    sample = next(n for n in workflow["nodes"] if n["type"] == "H3ReferenceSample")
+    sample["widgets_values"] = [11, 4]  # the seed's "control after generate" entry left out: steps would read "4" as it
+    _, problems = to_api(workflow, upstream_object_info())
+    assert "node 2 (H3ReferenceSample): 2 widget values for 3 widgets ['seed', None, 'steps']" in problems
+    sample["widgets_values"] = [float("nan"), "fixed", 4]
+    _, problems = to_api(workflow, upstream_object_info())
+    assert "node 2 (H3ReferenceSample): widget seed is nan" in problems

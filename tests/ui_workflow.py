@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+VIRTUAL = {"MarkdownNote", "Note"}  # editor-only nodes: never part of the prompt
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 
 
@@ -56,7 +57,7 @@ def to_api(workflow: Mapping[str, Any], object_info: Mapping[str, Any]) -> tuple
     prompt: dict[str, Any] = {}
     for node in workflow.get("nodes", []):
         where = f"node {node['id']} ({node.get('type')})"
-        if node.get("mode", 0) != 0:
+        if node.get("mode", 0) != 0 or node.get("type") in VIRTUAL:
             continue
         schema = object_info.get(node.get("type"))
         if schema is None:
