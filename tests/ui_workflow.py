@@ -92,7 +92,10 @@ def to_api(workflow: Mapping[str, Any], object_info: Mapping[str, Any]) -> tuple
                 problems.append(f"{where}: link {link[0]} does not end here or starts nowhere")
                 continue
             wanted = kinds.get(socket["name"])
-            produced = (object_info.get(source["type"]) or {}).get("output", [])
+            if source["type"] not in object_info:
+                inputs[socket["name"]] = [str(src), slot]
+                continue  # reported on its own node
+            produced = object_info[source["type"]].get("output", [])
             if slot >= len(produced) or produced[slot] != kind or wanted not in (kind, "*"):
                 problems.append(f"{where}: link {link[0]} carries {kind}, input {socket['name']} wants {wanted}")
             inputs[socket["name"]] = [str(src), slot]

@@ -303,6 +303,11 @@ class H3ReferenceEncode(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, spec: str) -> bool | str:
+        """Before the prompt is queued (ComfyUI 0.3.75 does not check a V3 combo's options itself)."""
+        return True if spec in SPECS else f"spec {spec!r} is not one of {', '.join(SPECS)}"
+
+    @classmethod
     def execute(cls, image: torch.Tensor, prompt: str, spec: str, frames: int) -> io.NodeOutput:
         return io.NodeOutput(common.reference_encode(image, prompt, spec, frames))
 
