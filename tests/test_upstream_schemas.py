@@ -22,7 +22,7 @@ from h3flow.core.paths import PACKAGE_DIR
 from h3flow.engines.workflows import TEMPLATES, UPSTREAM_SCHEMA, load_template, upstream_object_info
 
 FIXTURE = PACKAGE_DIR / "data" / UPSTREAM_SCHEMA
-PACK_PREFIX = "H3"  # the h3flow pack's own nodes: checked against the pack (test_comfy_workflows)
+PACK_PREFIX = "H3"  # the h3flow pack's own nodes: checked against the pack (test_comfy_pack, test_comfy_server)
 SOURCE = re.compile(r"^(?P<repo>\S+) (?P<path>\S+) @ (?P<commit>[0-9a-f]{40})$")
 # modules whose constants upstream node sources use (nodes.MAX_RESOLUTION, yunchang's AttnType)
 IMPORTED = {
