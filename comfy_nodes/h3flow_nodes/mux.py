@@ -28,7 +28,9 @@ from .files import FileRef, atomic_path, sha256_file
 from .layout import AUDIO_RATE, FPS
 
 AAC_FRAME = 1024
-X264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "2"}  # fixed threads: same bytes on any host
+# One encoder thread: with two, x264 gave a different stream for the same frames about once
+# in 30 encodes on a loaded 2-core machine (measured), and equal input must give equal bytes.
+X264_OPTIONS = {"crf": "18", "preset": "veryfast", "threads": "1"}
 
 
 def _as_uint8_frames(chunk: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -106,7 +108,8 @@ def mux_mp4(
             if arr.shape[1:3] != first.shape[1:3]:
                 raise ValueError(f"frame size changed from {first.shape[1:3]} to {arr.shape[1:3]}")
             for image in arr:
-                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+                # converted here, not inside encode(): PyAV's conversion there gave differing bytes under load
+                frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
                 frame.pts = count
                 container.mux(video.encode(frame))
                 count += 1
