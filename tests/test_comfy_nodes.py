@@ -16,13 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
 
 from h3flow.cli import app
 from h3flow.core.errors import H3FlowError, IntegrityError
 from h3flow.core.fsutil import sha256_file
+from h3flow.core.specs import get_spec
 from h3flow.engines.comfy_client import execution_error_message, summarize_node_errors
+from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning
 from h3flow_nodes import common, multigpu
 from h3flow_nodes.comfy_clip import clip_type_of
 
@@ -246,20 +249,13 @@ def test_structured_conditioning_refuses_objects_and_tampering(tmp_path: Path) -
 
 
 def test_reference_conditioning_goes_through_its_own_format(tmp_path: Path, png: Path) -> None:
-    from PIL import Image
-
-    from h3flow.reference.conditioning import Conditioning, load_conditioning
-
+    """An IMAGE (as LoadImage makes it) encodes to the same conditioning as the file does in the local engine."""
     image = torch.from_numpy(np.asarray(Image.open(png).convert("RGB"), dtype=np.float32) / 255.0)[None]
     cond = common.reference_encode(image, "zoom in on a sunny meadow", "tiny", 22)
     assert isinstance(cond, Conditioning)
-    from h3flow.core.specs import get_spec
-    from h3flow.reference.conditioning import encode_conditioning
-
-    from_file = encode_conditioning("zoom in on a sunny meadow", png, get_spec("tiny"), 22)  # the local engine's
-    assert from_file.meta == cond.meta and all(
-        torch.equal(from_file.tensors()[k], v) for k, v in cond.tensors().items()
-    )
+    from_file = encode_conditioning("zoom in on a sunny meadow", png, get_spec("tiny"), 22)
+    assert from_file.meta == cond.meta
+    assert all(torch.equal(from_file.tensors()[k], v) for k, v in cond.tensors().items())
     sha = common.save_conditioning_any(tmp_path / "r.safetensors", cond)
     back = common.load_conditioning_any(tmp_path / "r.safetensors", sha)
     plain = load_conditioning(tmp_path / "r.safetensors", sha)  # readable by the local engine as is
@@ -270,8 +266,6 @@ def test_reference_conditioning_goes_through_its_own_format(tmp_path: Path, png:
 
 @pytest.fixture
 def png(tmp_path: Path) -> Path:
-    from PIL import Image
-
     path = tmp_path / "ref.png"
     Image.new("RGB", (64, 40), (200, 120, 40)).save(path)
     return path

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ui_workflow import to_api
+from ui_workflow import VIRTUAL, to_api
 from upstream_nodes import Dynamic, ModuleConstants, compare, node_schemas
 
 from h3flow.core.paths import NODE_PACK_DIR
@@ -122,7 +122,6 @@ def test_schema_fixture_matches_the_node_pack(pack_schemas: dict[str, dict]) -> 
 
 # --------------------------------------------------------------------------- example workflows (UI format)
 EXAMPLES = NODE_PACK_DIR / "example_workflows"
-VIRTUAL = {"MarkdownNote", "Note"}  # editor-only nodes, never sent to the server
 
 
 def examples() -> list[Path]:
@@ -153,8 +152,7 @@ def test_example_workflow_loads_without_placeholders_or_nan(path: Path) -> None:
     assert "{{" not in text and "NaN" not in text and "Infinity" not in text
     workflow = json.loads(text)
     assert {n["type"] for n in workflow["nodes"]} & VIRTUAL, "each example explains itself in a note"
-    real = {**workflow, "nodes": [n for n in workflow["nodes"] if n["type"] not in VIRTUAL]}
-    prompt, problems = to_api(real, upstream_object_info())
+    prompt, problems = to_api(workflow, upstream_object_info())  # notes are the editor's own: left out
     assert problems == []
     assert validate_prompt(prompt, upstream_object_info()) == []
     assert any(n["class_type"].startswith("H3") for n in prompt.values())
