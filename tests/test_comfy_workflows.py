@@ -18,6 +18,7 @@ from h3flow.engines.workflows import (
     TEMPLATES,
     WORKFLOWS_DIR,
     check_prompt,
+    complete_prompt,
     load_template,
     render,
     template_parameters,
@@ -190,23 +191,29 @@ def test_validator_checks_links_ranges_and_types(schema: dict) -> None:
     )
 
 
-def test_schema_fixture_matches_the_node_pack(schema: dict) -> None:
-    """The pack's schemas in the fixture are its INPUT_TYPES (the server tier checks /object_info too)."""
-    import sys
-
-    sys.path.insert(0, str(WORKFLOWS_DIR.parent / "comfy_nodes"))
-    from h3flow_nodes import NODE_CLASS_MAPPINGS
-
-    def as_json(specs: dict) -> dict:
-        return json.loads(
-            json.dumps({k: [list(v[0]) if isinstance(v[0], tuple) else v[0], *v[1:]] for k, v in specs.items()})
-        )
-
-    for name, cls in NODE_CLASS_MAPPINGS.items():
-        types = cls.INPUT_TYPES()
-        required = as_json(types.get("required", {}))
-        if name == "H3MultiGPUCLIPLoader":
-            required["clip_name"] = schema[name]["input"]["required"]["clip_name"]  # host files
-        assert schema[name]["input"]["required"] == required, name
-        assert schema[name]["input"].get("optional", {}) == as_json(types.get("optional", {})), name
-        assert schema[name]["output"] == list(cls.RETURN_TYPES), name
+def test_complete_prompt_fills_declared_defaults_and_names_the_rest(schema: dict) -> None:
+    drifted = copy.deepcopy(schema)
+    ray = drifted["RayInitializer"]["input"]["required"]
+    ray["pipefusion_degree"] = ["INT", {"default": 2, "min": 1}]
+    ray["attention_mode"] = [["ring", "ulysses"]]  # a combo without a declared default
+    drifted["XFuserKSamplerAdvanced"]["input"]["required"]["sigma_shift"] = ["FLOAT", {"default": 12.0}]
+    prompt = filled("h3-sample")
+    done = complete_prompt(prompt, drifted, template="h3-sample")
+    assert [(f.node_id, f.class_type, f.name, f.value) for f in done.filled] == [
+        ("4", "RayInitializer", "pipefusion_degree", 2),
+        ("7", "XFuserKSamplerAdvanced", "sigma_shift", 12.0),
+    ]
+    assert done.filled[0].line("h3-sample") == (
+        "h3-sample: node 4 (RayInitializer) input 'pipefusion_degree' is not set by the template; "
+        "using this ComfyUI's default 2"
+    )
+    assert done.unfillable == [
+        "h3-sample: node 4 (RayInitializer) requires input 'attention_mode', which the template does not set and "
+        "this ComfyUI gives no default for: set it to one of ['ring', 'ulysses'] in workflows/h3-sample.json"
+    ]
+    assert done.prompt["4"]["inputs"]["pipefusion_degree"] == 2 and "pipefusion_degree" not in prompt["4"]["inputs"]
+    assert validate_prompt(done.prompt, drifted, missing_required=False) == []
+    assert "node 4 (RayInitializer): required input 'attention_mode' missing" in validate_prompt(done.prompt, drifted)
+    # what the template sets is never overridden, and a node type the server lacks is left to the validator
+    untouched = complete_prompt(filled("h3-sample", steps=9), {}, template="h3-sample")
+    assert untouched.prompt == filled("h3-sample", steps=9) and not untouched.filled and not untouched.unfillable

@@ -1,8 +1,10 @@
-"""The Turing patches and ``h3flow patches check|apply``, with the real GNU patch and git.
+"""The Turing patches and ``h3flow patches check|apply``, with the real GNU patch and git,
+on the real upstream files.
 
-Upstream ComfyUI / Raylight are not committed, so each test rebuilds a checkout that holds
-exactly a patch's pre-image: the hunks' context and removed lines at their header line
-numbers, with distinct filler lines in the gaps (and the post-image the same way).
+The pre-images are the byte-exact upstream files in ``../shared/upstream`` at the commits
+patches/README.md pins (SHA-256 checked against its MANIFEST.tsv). Each test copies them
+into its own tmp checkout, never writing there, and skips with the reason when that
+folder is absent.
 """
 
 from __future__ import annotations
@@ -14,44 +16,41 @@ import sys
 from pathlib import Path
 
 import pytest
+from upstream import UpstreamFile, copy_tree, upstream
 
 from h3flow.core.errors import H3FlowError
 from h3flow.core.paths import PATCHES_DIR
 from h3flow.ops import patches
-from h3flow.ops.patches import PATCH_FOR_TARGET, FileDiff, State
+from h3flow.ops.patches import PATCH_FOR_TARGET, State
 
 pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch missing: apt-get install patch")
 
 COMFY = PATCHES_DIR / PATCH_FOR_TARGET["comfy"]
 RAYLIGHT = PATCHES_DIR / PATCH_FOR_TARGET["raylight"]
 COMFY_FILE = "comfy/ldm/minimax/model.py"
+ATTENTION_FILE = "src/raylight/distributed_modules/attention.py"
 
 
-def image(diff: FileDiff, side: str) -> str:
-    """The file a diff was made from (side 'old') or produces (side 'new'), fillers in the gaps."""
-    out: list[str] = []
-    old_line = 1  # next line number of the pre-image
-    for hunk in diff.hunks:
-        gap = hunk.old_start - old_line
-        out += [f"# filler {diff.path}:{old_line + k}" for k in range(gap)]
-        out += hunk.old_lines if side == "old" else hunk.new_lines
-        old_line = hunk.old_start + hunk.old_len
-    out += [f"# filler {diff.path}:{old_line + k}" for k in range(3)]
-    return "\n".join(out) + "\n"
+def pre_images(patch_file: Path) -> list[UpstreamFile]:
+    """The real files a patch was made against, at the commits patches/README.md pins."""
+    if patch_file == COMFY:
+        return [upstream("Comfy-Org/ComfyUI", COMFY_FILE, "01a56b76")]
+    return [
+        upstream("komikndr/raylight", "src/raylight/comfy_dist/sd.py", "612d8c9f"),
+        upstream("komikndr/raylight", "src/raylight/diffusion_models/minimax/xdit_context_parallel.py", "612d8c9f"),
+        upstream("komikndr/raylight", ATTENTION_FILE, "ef4e42f1"),  # not stored at 612d8c9f (see the README)
+    ]
 
 
-def build_tree(root: Path, patch_file: Path, side: str = "old") -> dict[str, str]:
-    texts = {}
-    for diff in patches.load_patch(patch_file):
-        target = root / diff.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        texts[diff.path] = image(diff, side)
-        target.write_text(texts[diff.path])
-    return texts
+def checkout(root: Path, patch_file: Path) -> dict[str, bytes]:
+    """A tmp checkout holding a patch's real pre-image; returns its bytes by path."""
+    files = pre_images(patch_file)
+    copy_tree(files, root)
+    return {f.path: (root / f.path).read_bytes() for f in files}
 
 
-def read_tree(root: Path, paths) -> dict[str, str]:
-    return {path: (root / path).read_text() for path in paths}
+def read_tree(root: Path, paths) -> dict[str, bytes]:
+    return {path: (root / path).read_bytes() for path in paths}
 
 
 def h3flow(*args: str) -> subprocess.CompletedProcess[str]:
@@ -59,6 +58,10 @@ def h3flow(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "h3flow.cli", *args], capture_output=True, text=True, env=env, timeout=60, check=False
     )
+
+
+def git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -106,18 +109,40 @@ def test_parser_names_file_and_hunk_of_a_bad_header() -> None:
         patches.parse_patch("just words\n", "empty.patch")
 
 
-# --------------------------------------------------------------------------- check / apply / reverse
+# --------------------------------------------------------------------------- the real pre-images
 @pytest.mark.parametrize("patch_file", [COMFY, RAYLIGHT], ids=["comfy", "raylight"])
-def test_applies_to_its_preimage_then_reports_applied_and_reverses(tmp_path: Path, patch_file: Path) -> None:
-    before = build_tree(tmp_path, patch_file, "old")
-    expected_after = build_tree(tmp_path / "expected", patch_file, "new")
+def test_every_hunk_sits_exactly_at_its_header_in_the_real_file(tmp_path: Path, patch_file: Path) -> None:
+    """The pinned commits are the ones the hunks were made from: no offset, no fuzz, old lines verbatim."""
+    before = checkout(tmp_path, patch_file)
+    for diff in patches.load_patch(patch_file):
+        lines = before[diff.path].decode().splitlines()
+        for hunk in diff.hunks:
+            at = hunk.old_start - 1
+            assert lines[at : at + hunk.old_len] == hunk.old_lines, (diff.path, hunk.number)
+    assert git("apply", "--check", str(patch_file), cwd=tmp_path).returncode == 0
+    dry = subprocess.run(
+        ["patch", "-p1", "--dry-run", "--fuzz=0", "-i", str(patch_file)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert dry.returncode == 0 and "offset" not in dry.stdout and "fuzz" not in dry.stdout, dry.stdout
+
+
+@pytest.mark.parametrize("patch_file", [COMFY, RAYLIGHT], ids=["comfy", "raylight"])
+def test_applies_to_the_real_files_then_reports_applied_and_reverses(tmp_path: Path, patch_file: Path) -> None:
+    before = checkout(tmp_path, patch_file)
 
     # an unpatched tree is "not applied" (GNU patch --batch alone would wrongly call it reversed)
     assert patches.check_patch(patch_file, tmp_path).state is State.NOT_APPLIED
 
     report = patches.apply_patch(patch_file, tmp_path)
     assert (report.state, report.changed) == (State.APPLIED, True)
-    assert read_tree(tmp_path, before) == expected_after
+    after = read_tree(tmp_path, before)
+    for diff in patches.load_patch(patch_file):  # the post-image: every hunk's new lines at its new start
+        lines = after[diff.path].decode().splitlines()
+        for hunk in diff.hunks:
+            at = hunk.new_start - 1
+            assert lines[at : at + hunk.new_len] == hunk.new_lines, (diff.path, hunk.number)
+        grown = sum(h.new_len - h.old_len for h in diff.hunks)
+        assert len(lines) == len(before[diff.path].decode().splitlines()) + grown
     assert not list(tmp_path.rglob("*.orig")) and not list(tmp_path.rglob("*.rej"))
 
     assert patches.check_patch(patch_file, tmp_path).state is State.APPLIED
@@ -126,43 +151,59 @@ def test_applies_to_its_preimage_then_reports_applied_and_reverses(tmp_path: Pat
     assert (again.state, again.changed) == (State.APPLIED, False)
     assert {path: (tmp_path / path).stat().st_mtime_ns for path in before} == stamps
 
-    # the patch also reverses with git's semantics, back to the exact pre-image
-    subprocess.run(["git", "apply", "-R", str(patch_file)], cwd=tmp_path, check=True, capture_output=True)
+    # the patch also reverses with git's semantics, back to the exact upstream bytes
+    assert git("apply", "-R", str(patch_file), cwd=tmp_path).returncode == 0
     assert read_tree(tmp_path, before) == before
+    assert patches.check_patch(patch_file, tmp_path).state is State.NOT_APPLIED
 
 
 def test_changed_context_names_the_file_and_hunk(tmp_path: Path) -> None:
-    build_tree(tmp_path, COMFY)
+    checkout(tmp_path, COMFY)
     target = tmp_path / COMFY_FILE
     text = target.read_text()
     context = "            pos = t_vals.clamp(0.0, 1.0) * (table.shape[0] - 1)"  # a context line of hunk #2 only
     assert text.count(context) == 1
     target.write_text(text.replace(context, "            pos = t_vals.clamp(0.0, 1.0) * table.shape[0]"))
-    drifted = target.read_text()
+    drifted = target.read_bytes()
 
     report = patches.check_patch(COMFY, tmp_path)
     assert report.state is State.CONFLICT
     assert report.problem.startswith(f"{COMFY_FILE} hunk #2 (@@ -740,7 +741,9 @@) does not match its context")
     with pytest.raises(H3FlowError, match=r"hunk #2"):
         patches.apply_patch(COMFY, tmp_path)
-    assert target.read_text() == drifted
+    assert target.read_bytes() == drifted
 
     result = h3flow("patches", "apply", "--comfy-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert f"{COMFY_FILE} hunk #2" in lines[0] and lines[0].startswith("error: ")
-    assert target.read_text() == drifted
+    assert target.read_bytes() == drifted
+
+
+def test_a_partly_patched_file_is_a_conflict_not_applied(tmp_path: Path) -> None:
+    """Hunk #1 applied by hand, hunk #2 not: neither direction fits, and the report says so."""
+    checkout(tmp_path, COMFY)
+    target = tmp_path / COMFY_FILE
+    (diff,) = patches.load_patch(COMFY)
+    first = diff.hunks[0]
+    text = target.read_text()
+    old, new = "\n".join(first.old_lines), "\n".join(first.new_lines)
+    assert text.count(old) == 1
+    target.write_text(text.replace(old, new))
+    report = patches.check_patch(COMFY, tmp_path)
+    assert report.state is State.CONFLICT
+    assert report.problem == f"{COMFY_FILE} is partly patched: hunk #1 applied, hunk #2 not"
 
 
 def test_a_conflict_anywhere_changes_nothing(tmp_path: Path) -> None:
     comfy, raylight = tmp_path / "comfy", tmp_path / "raylight"
-    comfy_before = build_tree(comfy, COMFY)
-    build_tree(raylight, RAYLIGHT)
-    attention = raylight / "src/raylight/distributed_modules/attention.py"
-    attention.write_text(
-        attention.read_text().replace("def make_xfuser_attention(attn_type, sync_ulysses):", "def other():")
-    )
+    comfy_before = checkout(comfy, COMFY)
+    checkout(raylight, RAYLIGHT)
+    attention = raylight / ATTENTION_FILE
+    text = attention.read_text()
+    assert text.count("def make_xfuser_attention(attn_type, sync_ulysses):") == 1
+    attention.write_text(text.replace("def make_xfuser_attention(attn_type, sync_ulysses):", "def other():"))
 
     with pytest.raises(H3FlowError, match=r"attention.py hunk #2 .*nothing was changed"):
         patches.apply_trees(comfy, raylight)
@@ -170,6 +211,7 @@ def test_a_conflict_anywhere_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_wrong_checkout_names_the_missing_file(tmp_path: Path) -> None:
+    checkout(tmp_path, COMFY)  # a ComfyUI file where a Raylight checkout is expected
     report = patches.check_patch(RAYLIGHT, tmp_path)
     assert report.state is State.CONFLICT
     assert (
@@ -181,8 +223,8 @@ def test_wrong_checkout_names_the_missing_file(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 def test_cli_check_then_apply_then_check(tmp_path: Path) -> None:
     comfy, raylight = tmp_path / "comfy", tmp_path / "raylight"
-    build_tree(comfy, COMFY)
-    build_tree(raylight, RAYLIGHT)
+    comfy_before = checkout(comfy, COMFY)
+    raylight_before = checkout(raylight, RAYLIGHT)
     dirs = ("--comfy-dir", str(comfy), "--raylight-dir", str(raylight))
 
     first = h3flow("patches", "check", *dirs)
@@ -191,6 +233,8 @@ def test_cli_check_then_apply_then_check(tmp_path: Path) -> None:
         f"comfy-turing-lerp.patch not applied in {comfy}",
         f"raylight-sm75-ulysses.patch not applied in {raylight}",
     ]
+    assert read_tree(comfy, comfy_before) == comfy_before  # check changes nothing
+    assert read_tree(raylight, raylight_before) == raylight_before
 
     applied = h3flow("patches", "apply", *dirs)
     assert applied.returncode == 0, applied.stderr
@@ -208,6 +252,20 @@ def test_cli_check_then_apply_then_check(tmp_path: Path) -> None:
         f"comfy-turing-lerp.patch applied in {comfy}",
         f"raylight-sm75-ulysses.patch applied in {raylight}",
     ]
+
+    # a drifted Raylight checkout: exit 2 and the file + hunk, the applied ComfyUI still reported
+    attention = raylight / ATTENTION_FILE
+    patched_line = "    attn_type = sm75_safe_attn_type(attn_type)\n"  # added by hunk #2 only
+    assert attention.read_text().count(patched_line) == 1
+    attention.write_text(attention.read_text().replace(patched_line, "    attn_type = str(attn_type)\n"))
+    conflict = h3flow("patches", "check", *dirs)
+    assert conflict.returncode == 2, conflict.stdout + conflict.stderr
+    assert f"comfy-turing-lerp.patch applied in {comfy}" in conflict.stdout
+    (error,) = conflict.stderr.strip().splitlines()
+    assert error == (  # only the drifted hunk: the fully patched files and hunk #1 are not blamed
+        f"error: raylight-sm75-ulysses.patch does not apply in {raylight}: "
+        f"{ATTENTION_FILE} hunk #2 (@@ -34,6 +47,7 @@) does not match its context"
+    )
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from remote_hosts import host_map, write_config
 from sshd import SshServer
-from test_patches import COMFY, RAYLIGHT, build_tree
+from test_patches import COMFY, RAYLIGHT, checkout
 
 from h3flow.engines.workflows import upstream_object_info
 from h3flow.ops.preflight import HostView, check_clock, check_comfyui, check_disk, check_gpus, fetch_object_info
@@ -88,8 +88,8 @@ def test_production_hardware_that_is_not_here_is_named_with_its_fix(sshd: SshSer
     models = tmp_path / "ComfyUI" / "models" / "diffusion_models"
     models.mkdir(parents=True)
     (models / config.model.dit).write_bytes(b"weights")  # one of the four files host-a needs
-    build_tree(tmp_path / "ComfyUI", COMFY)
-    build_tree(tmp_path / "raylight", RAYLIGHT)
+    checkout(tmp_path / "ComfyUI", COMFY)  # the real upstream pre-images (skips without ../shared/upstream)
+    checkout(tmp_path / "raylight", RAYLIGHT)
     code, checks = preflight(path, sshd)
     assert code == 1
     torch = checks["host-a", "torch"]
@@ -174,6 +174,23 @@ def test_object_info_missing_nodes_inputs_and_models_are_named(
     view.procs = {"comfyui-a": Proc(1, True)}  # ComfyUI counts as started; its /object_info is the server above
     (ready,) = check_comfyui(view, fetch_object_info)
     assert ready.status == "ok" and "holds every node and input of its templates" in ready.detail
+    # upstream drift: a new required input with a default is filled (a warning), one without is an error
+    info["RayInitializer"]["input"]["required"]["pipefusion_degree"] = ["INT", {"default": 2, "min": 1}]
+    (drifted,) = check_comfyui(view, fetch_object_info)
+    assert (drifted.status, drifted.detail) == (
+        "warn",
+        f"{url}: h3-sample: node 4 (RayInitializer) input 'pipefusion_degree' is not set by the template; "
+        "using this ComfyUI's default 2",
+    )
+    info["XFuserKSamplerAdvanced"]["input"]["required"]["guider"] = ["GUIDER"]
+    (unfillable,) = check_comfyui(view, fetch_object_info)
+    assert unfillable.status == "fail"
+    assert unfillable.detail == (
+        "h3-sample: node 7 (XFuserKSamplerAdvanced) requires input 'guider', which the template does not set "
+        "and this ComfyUI gives no default for: set it to a GUIDER link in workflows/h3-sample.json"
+    )
+    assert unfillable.fix.startswith("set the named inputs in the templates (workflows/)")
+    del info["XFuserKSamplerAdvanced"]["input"]["required"]["guider"]
     del info["RayInitializer"]
     info["UNETLoader"]["input"]["required"]["unet_name"][0] = ["some_other_model.safetensors"]
     info["H3SaveConditioning"]["input"]["required"].pop("path")

@@ -11,7 +11,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from h3flow.core.errors import H3FlowError, IntegrityError
-from h3flow.core.fsutil import sha256_file
+from h3flow.core.fsutil import sha256_bytes, sha256_file
 from h3flow.core.specs import get_spec
 from h3flow.reference import conditioning as C
 from h3flow.reference.vae import encode_images
@@ -80,7 +80,9 @@ def test_encode_is_deterministic_and_holds_the_first_frame_latent(tmp_path: Path
     assert cond.first_frame.shape == (1, 24, 1, 8, 14) and cond.first_frame.dtype == torch.float32
     expected = encode_images(C.load_reference_image(IMAGE, 128, 224)[None])
     assert torch.equal(cond.first_frame[:, :, 0], expected)
-    assert cond.meta["image_sha256"] == sha256_file(IMAGE)
+    rgb = np.asarray(Image.open(IMAGE).convert("RGB"))  # the picture, not the file's bytes (LoadImage gives the same)
+    assert cond.meta["image_pixels_sha256"] == C.pixels_sha256(rgb)
+    assert C.pixels_sha256(rgb) == sha256_bytes(f"{rgb.shape[0]}x{rgb.shape[1]}x3:".encode() + rgb.tobytes())
     assert cond.meta["spec"] == "tiny" and cond.meta["frames"] == "124" and cond.meta["encoder"] == C.ENCODER_ID
     sha1 = C.save_conditioning(tmp_path / "a.cond", cond)
     sha2 = C.save_conditioning(

@@ -23,7 +23,7 @@ import pytest
 from remote_hosts import free_port, host_map, write_config
 from rich.console import Console
 from sshd import SshServer
-from test_patches import COMFY, build_tree
+from test_patches import COMFY, checkout
 from typer.testing import CliRunner
 
 from h3flow.cli import app
@@ -282,7 +282,7 @@ def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> N
 def test_patches_check_and_apply_on_a_host(config, tmp_path: Path) -> None:
     _cfg, path = config
     tree = tmp_path / "remote ComfyUI"
-    build_tree(tree, COMFY)
+    checkout(tree, COMFY)  # the real upstream pre-image (skips without ../shared/upstream)
     args = ["patches", "check", "--host", "host-b", "--comfy-dir", str(tree), "--config", str(path)]
     first = cli.invoke(app, args)
     assert first.exit_code == 1 and f"comfy-turing-lerp.patch not applied in {tree}" in first.output

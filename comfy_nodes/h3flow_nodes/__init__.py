@@ -1,12 +1,25 @@
-"""h3flow's ComfyUI node pack: the A6 multi-GPU text encoder, conditioning and latent
-handoff files (SHA-256 checked), H.264 + AAC output and the reference model's nodes.
+"""h3flow's ComfyUI node pack: MiniMax H3 handoff files, the multi-GPU text encoder,
+H.264 + AAC output, and a weight-free reference model of H3.
 
-Install with ``h3flow nodes install --comfy-dir COMFYUI`` (copies this folder into
-``COMFYUI/custom_nodes/h3flow_nodes``); h3flow itself must be importable by ComfyUI's
-Python (``pip install h3flow`` into its venv). Node logic lives in plain functions
-(:mod:`.common`, :mod:`.multigpu`) shared with h3flow's ``local`` engine and tests.
+Install: copy (or link) this folder into ``ComfyUI/custom_nodes/`` (``h3flow nodes
+install --comfy-dir COMFYUI`` does that). It needs only what ComfyUI itself runs on
+(torch, safetensors, numpy, av, PIL): never h3flow, Prefect or their dependencies.
+
+ComfyUI loads it through :func:`comfy_entrypoint` (the V3 node API,
+``comfy_api.latest``); nothing here imports ComfyUI at import time, so h3flow imports
+the same modules (:mod:`.h3latent`, :mod:`.layout`, :mod:`.reference`, ...) outside
+ComfyUI. Workflows for ComfyUI's Templates browser are in ``example_workflows/``.
 """
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+from __future__ import annotations
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+async def comfy_entrypoint() -> Any:
+    """ComfyUI's V3 entry point: the extension listing this pack's nodes."""
+    from .nodes import H3FlowExtension
+
+    return H3FlowExtension()

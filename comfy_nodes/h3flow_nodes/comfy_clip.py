@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from h3flow.core.errors import H3FlowError
-
+from .errors import H3FlowError
 from .multigpu import MultiGPUEncoder, parse_gpus
 
 
@@ -32,7 +31,7 @@ def load_multigpu_clip(
         raise H3FlowError("H3MultiGPUCLIPLoader needs CUDA/ROCm GPUs; use CLIPLoader on a CPU-only ComfyUI")
     devices = parse_gpus(gpus, torch.cuda.device_count())
     path = folder_paths.get_full_path_or_raise("text_encoders", clip_name)
-    ctype = getattr(comfy.sd.CLIPType, clip_type.upper())
+    ctype = clip_type_of(comfy.sd.CLIPType, clip_type)
     cpu = torch.device("cpu")
     options = {"load_device": cpu, "offload_device": cpu}
 
@@ -49,6 +48,25 @@ def load_multigpu_clip(
     encoder.module = clip.cond_stage_model  # the first load is the one just made
     encoder.loads = 1
     return _wrap(clip, encoder, offload_after_encode)
+
+
+def clip_type_of(types: Any, name: str) -> Any:
+    """``comfy.sd.CLIPType`` member for ``name`` ("minimax"): by member name, then by value.
+
+    Upstream's CLIPLoader falls back to STABLE_DIFFUSION for an unknown name; for H3's
+    Qwen3-VL encoder that would load the wrong text model without a word, so a ComfyUI
+    without the type is a one-line error that says to update it.
+    """
+    wanted = name.strip()
+    found = getattr(types, wanted.upper(), None)
+    if found is None:
+        found = next((m for m in types if str(getattr(m, "value", "")).lower() == wanted.lower()), None)
+    if found is None:
+        known = ", ".join(m.name.lower() for m in types)
+        raise H3FlowError(
+            f"this ComfyUI has no CLIP type {wanted!r} (it knows: {known}); update ComfyUI to a version with MiniMax H3"
+        )
+    return found
 
 
 def _wrap(clip: Any, encoder: MultiGPUEncoder, offload_after_encode: bool) -> Any:

@@ -1,7 +1,9 @@
-"""Plain functions behind the nodes: paths, latents <-> .h3latent, conditioning files.
+"""Plain functions behind the nodes: paths, latents <-> .h3latent, conditioning files,
+the reference model's stages, MP4 out.
 
 No ComfyUI import at module level: these run (and are tested) outside ComfyUI; where a
 ComfyUI module helps (``folder_paths``, ``comfy.nested_tensor``) it is imported lazily.
+Nothing here imports h3flow: the pack carries what it needs.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from h3flow.core.errors import H3FlowError, IntegrityError
-from h3flow.core.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
-from h3flow.handoff.format import H3Latent, load_latent, save_latent
+from .errors import H3FlowError, IntegrityError
+from .files import atomic_write_bytes, sha256_bytes, sha256_file
+from .h3latent import H3Latent, frames_of, load_latent, save_latent
+from .layout import AUDIO_RATE, FPS, get_spec, latent_frames, snap_frames
+from .mux import mux_mp4
+from .reference.conditioning import Conditioning, encode_pixels, load_conditioning, pixels_of, save_conditioning
 
 COMFY_COND_FORMAT = "h3flow-comfy-conditioning-v1"
 FILES_KEY = "h3flow_files"  # the key of a save node's UI output that the engine reads
@@ -106,7 +111,7 @@ def make_samples(video: torch.Tensor, audio: torch.Tensor | None) -> Any:
     if audio is None:
         return video
     try:
-        from comfy.nested_tensor import NestedTensor  # type: ignore[import-not-found]
+        from comfy.nested_tensor import NestedTensor
 
         return NestedTensor((video, audio))
     except ImportError:
@@ -127,6 +132,36 @@ def load_handoff(path: Path, expected_sha256: str | None) -> tuple[Any, dict[str
         latent.meta,
         latent.masks,
     )
+
+
+def handoff_masks(latent: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The masks of a LATENT that travel in the .h3latent: its ``noise_mask``, plain or nested.
+
+    A nested (video, audio) mask (upstream's NestedTensor, as H3's AV latents have) is
+    kept as ``noise_video`` + ``noise_audio``; anything else is refused, never dropped.
+    """
+    mask = latent.get("noise_mask")
+    if mask is None:
+        return {}
+    if isinstance(mask, torch.Tensor):
+        return {"noise": mask}
+    if getattr(mask, "is_nested", False):
+        parts = list(mask.tensors) if hasattr(mask, "tensors") else list(mask.unbind())
+        if len(parts) == 2 and all(isinstance(p, torch.Tensor) for p in parts):
+            return {"noise_video": parts[0], "noise_audio": parts[1]}
+    raise H3FlowError(
+        f"noise_mask: a {type(mask).__name__} cannot be saved (a tensor, or a nested (video, audio) pair of tensors)"
+    )
+
+
+def latent_from_handoff(samples: Any, meta: dict[str, str], masks: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A LATENT dict from a loaded .h3latent: samples, the noise mask (rebuilt nested), the metadata."""
+    out: dict[str, Any] = {"samples": samples, "h3flow_meta": meta}
+    if "noise" in masks:
+        out["noise_mask"] = masks["noise"]
+    elif "noise_video" in masks and "noise_audio" in masks:
+        out["noise_mask"] = make_samples(masks["noise_video"], masks["noise_audio"])
+    return out
 
 
 def parse_meta(text: str) -> dict[str, str]:
@@ -235,8 +270,6 @@ def load_structured(data: bytes, path: Path) -> Any:
 
 def save_conditioning_any(path: Path, cond: Any) -> str:
     """The reference model's Conditioning via its own writer; ComfyUI conditioning structured."""
-    from h3flow.reference.conditioning import Conditioning, save_conditioning
-
     if isinstance(cond, Conditioning):
         return save_conditioning(path, cond)
     return save_structured(path, cond)
@@ -252,24 +285,19 @@ def load_conditioning_any(path: Path, expected_sha256: str | None) -> Any:
         raise IntegrityError(f"conditioning {path} has SHA-256 {sha256_bytes(data)}, expected {expected_sha256}")
     if file_format(data) == COMFY_COND_FORMAT:
         return load_structured(data, path)
-    from h3flow.reference.conditioning import load_conditioning
-
     return load_conditioning(path, expected_sha256 or None)
 
 
 # --------------------------------------------------------------------------- reference model
-def reference_encode(image_path: str, prompt: str, spec: str, frames: int) -> Any:
-    """The reference model's encode, byte for byte what the local engine writes."""
-    from h3flow.core.specs import get_spec, snap_frames
-    from h3flow.reference.conditioning import encode_conditioning
-
-    return encode_conditioning(prompt, image_path, get_spec(spec), snap_frames(frames))
+def reference_encode(image: torch.Tensor, prompt: str, spec: str, frames: int) -> Conditioning:
+    """The reference model's encode of an IMAGE: byte for byte what the local engine writes
+    for the file LoadImage read it from (the conditioning depends on the pixels)."""
+    return encode_pixels(prompt, pixels_of(image), get_spec(spec), snap_frames(frames))
 
 
 def reference_sample(cond: Any, seed: int, steps: int, progress: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference model's sampler (degree 1, in-process)."""
-    from h3flow.reference.conditioning import Conditioning
-    from h3flow.reference.sampler import sample_latent
+    from .reference.sampler import sample_latent
 
     if not isinstance(cond, Conditioning):
         raise H3FlowError("H3ReferenceSample needs the reference model's conditioning (from H3ReferenceEncode)")
@@ -283,10 +311,8 @@ def reference_decode(
     video: torch.Tensor, audio: torch.Tensor, meta: dict[str, str], *, int8: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Latents → (IMAGE float [F,H,W,3] in 0..1, waveform [1,2,N], sample rate), as the local engine decodes."""
-    from h3flow.core.specs import AUDIO_RATE, FPS, latent_frames
-    from h3flow.engines.local import frames_of
-    from h3flow.reference.audio import decode_audio
-    from h3flow.reference.vae import decode_video, make_decoder
+    from .reference.audio import decode_audio
+    from .reference.vae import decode_video, make_decoder
 
     frames = frames_of(H3Latent(video=video, audio=audio, meta=meta))
     if latent_frames(frames) != video.shape[2]:
@@ -318,10 +344,7 @@ def stereo_at(waveform: torch.Tensor, rate: int, target_rate: int) -> torch.Tens
 
 
 def save_video_aac(path: Path, images: torch.Tensor, audio: dict[str, Any], fps: float) -> str:
-    """IMAGE [F,H,W,3] floats + AUDIO → MP4 through :func:`h3flow.media.mux.mux_mp4`; returns the SHA-256."""
-    from h3flow.core.specs import AUDIO_RATE
-    from h3flow.media.mux import mux_mp4
-
+    """IMAGE [F,H,W,3] floats + AUDIO → MP4 through :func:`.mux.mux_mp4`; returns the SHA-256."""
     if images.dim() != 4 or images.shape[-1] != 3:
         raise H3FlowError(f"images must be [frames, H, W, 3], got {list(images.shape)}")
     if abs(fps - round(fps)) > 1e-6:

@@ -5,7 +5,7 @@ of decoder layers and a final norm. Nothing here knows ComfyUI: the functions ta
 ``torch.nn.Module`` tree, so they run (and are tested) on CPU with a small stand-in.
 
 - :func:`encoder_units` lists the units in execution order;
-- :func:`place_units` puts each unit on the device :func:`h3flow_nodes.partition.partition_layers`
+- :func:`place_units` puts each unit on the device :func:`.partition.partition_layers`
   chose and registers a forward pre-hook that moves the unit's tensor inputs onto its
   device (activations cross GPUs only at partition boundaries);
 - :class:`MultiGPUEncoder` keeps the state between clips: placed, offloaded to CPU
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from h3flow.core.errors import H3FlowError
-from h3flow_nodes.partition import Partition, partition_layers
+from .errors import H3FlowError
+from .partition import Partition, partition_layers
 
 RETAIN_ENV = "H3_MP_RETAIN_CPU_WEIGHTS"
 VISION_NAMES = ("visual", "vision_tower", "vision_model")
@@ -77,7 +77,9 @@ def encoder_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
         if isinstance(embed, nn.Module):
             units.append((f"{dec_name}.{ename}".lstrip("."), embed))
             break
-    for i, layer in enumerate(decoder.layers):
+    layers = decoder.layers
+    assert isinstance(layers, nn.ModuleList)  # _find_decoder only returns modules that have one
+    for i, layer in enumerate(layers):
         units.append((f"{dec_name}.layers.{i}".lstrip("."), layer))
     for nname in NORM_NAMES:
         norm = getattr(decoder, nname, None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from h3flow.core.errors import H3FlowError
+from .errors import H3FlowError
 
 MiB = 1 << 20
 

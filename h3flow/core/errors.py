@@ -1,27 +1,16 @@
 """One error type for everything the operator can fix.
 
 The CLI turns an :class:`H3FlowError` into a one-line ``error: ...`` message and exit
-code 2; anything else is a bug and keeps its traceback.
+code 2; anything else is a bug and keeps its traceback. The base types live in the node
+pack (``h3flow_nodes.errors``), so a file the pack rejects inside ComfyUI and one h3flow
+rejects are the same error.
 """
 
 from __future__ import annotations
 
+from h3flow_nodes.errors import ConfigError, H3FlowError, IntegrityError
 
-class H3FlowError(Exception):
-    """A problem with the operator's input or environment, explained in one line."""
-
-    exit_code: int = 2
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
-
-
-class ConfigError(H3FlowError):
-    """host-map.json / local.json / profile / batch file is invalid."""
-
-
-class IntegrityError(H3FlowError):
-    """A file's bytes do not match the SHA-256 it is supposed to have."""
+__all__ = ["ConfigError", "H3FlowError", "IntegrityError", "TransientError"]
 
 
 class TransientError(H3FlowError):

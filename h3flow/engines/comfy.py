@@ -8,6 +8,12 @@ return the file the save node reports, its SHA-256 checked on this host. ComfyUI
 writes the files itself, so the engine and the ComfyUI share a filesystem (the pool's
 worker runs on the ComfyUI's host).
 
+Templates survive upstream drift: before a template's first prompt the engine reads the
+live schema of every node type it uses (``GET /object_info/{class}``); a required input
+the template does not set is filled with the default the server declares and reported
+once (a warning in the run log, and :attr:`ComfyEngine.filled`); one without a default
+is a one-line error naming the node, the input and the fix, before anything is queued.
+
 Connection failures (refused, reset, ComfyUI restarted mid-run) are retried here a
 few times, resubmitting once the server answers again; if they persist a
 :class:`~h3flow.core.errors.TransientError` leaves for Prefect's own retries. Errors in the
@@ -31,7 +37,7 @@ from h3flow.core.paths import WORKFLOWS_DIR
 from h3flow.core.specs import FPS
 from h3flow.engines.base import OffloadReport
 from h3flow.engines.comfy_client import ComfyClient, Event, RunResult
-from h3flow.engines.workflows import TEMPLATES, load_template, render, template_parameters
+from h3flow.engines.workflows import TEMPLATES, complete_prompt, load_template, render, template_parameters
 
 FILES_KEY = "h3flow_files"
 log = logging.getLogger("h3flow.engines.comfy")
@@ -82,6 +88,9 @@ class ComfyEngine:
         self.ready_timeout = ready_timeout
         self.on_event = on_event
         self.attempts: list[str] = []  # one line per transient failure survived (for reports and tests)
+        self.filled: list[str] = []  # one line per template input filled from the server's defaults
+        self._schemas: dict[str, dict[str, Any] | None] = {}  # node type -> live /object_info entry
+        self._reported: set[tuple[str, str, str]] = set()
 
     # ------------------------------------------------------------------ stages
     def encode(self, clip: Clip, out_path: Path) -> FileRef:
@@ -157,8 +166,29 @@ class ComfyEngine:
         extra = {k: v for k, v in self.params.items() if k in known and k not in params}
         return render(template, {**extra, **params}, name=f"workflow {name}")
 
-    def _stage(self, stage: str, params: Mapping[str, Any], kind: str, out_path: Path) -> FileRef:
+    def live_prompt(self, stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`prompt_for`, completed against this server's live node schemas.
+
+        Required inputs the template leaves out are filled with the server's defaults
+        (each reported once per engine); one without a default raises H3FlowError.
+        """
+        name = self.template_name(stage)
         prompt = self.prompt_for(stage, params)
+        for ctype in sorted({str(node["class_type"]) for node in prompt.values()} - set(self._schemas)):
+            self._schemas[ctype] = self.client.node_info(ctype)
+        live = {ctype: schema for ctype, schema in self._schemas.items() if schema is not None}
+        done = complete_prompt(prompt, live, template=name)
+        if done.unfillable:
+            raise H3FlowError(f"ComfyUI at {self.base_url}: " + "; ".join(done.unfillable))
+        for item in done.filled:
+            if (name, item.node_id, item.name) not in self._reported:
+                self._reported.add((name, item.node_id, item.name))
+                self.filled.append(item.line(name))
+                _logger().warning("ComfyUI at %s: %s", self.base_url, item.line(name))
+        return done.prompt
+
+    def _stage(self, stage: str, params: Mapping[str, Any], kind: str, out_path: Path) -> FileRef:
+        prompt = self._with_retries(stage, lambda: self.live_prompt(stage, params))
         result = self._with_retries(stage, lambda: self.client.run(prompt, on_event=self._event, timeout=self.timeout))
         return self._collect(result, kind, out_path, stage)
 

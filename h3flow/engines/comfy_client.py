@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -116,6 +116,11 @@ class ComfyClient:
 
     def object_info(self) -> dict[str, Any]:
         return dict(self._json("GET", "/object_info"))
+
+    def node_info(self, class_type: str) -> dict[str, Any] | None:
+        """One node type's schema (``GET /object_info/{class}``), None when it is not installed."""
+        data = self._json("GET", f"/object_info/{quote(class_type, safe='')}") or {}
+        return data.get(class_type)
 
     def system_stats(self) -> dict[str, Any]:
         return dict(self._json("GET", "/system_stats"))

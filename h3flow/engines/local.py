@@ -19,7 +19,7 @@ from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
 from h3flow.core.specs import AUDIO_RATE, FPS, get_spec, latent_frames
 from h3flow.engines.base import OffloadReport
-from h3flow.handoff.format import H3Latent, load_latent, save_latent
+from h3flow.handoff.format import H3Latent, frames_of, load_latent, save_latent
 from h3flow.media.mux import mux_mp4
 from h3flow.reference.audio import decode_audio
 from h3flow.reference.conditioning import Conditioning, encode_conditioning, load_conditioning, save_conditioning
@@ -69,17 +69,6 @@ def _sample_worker(
     if result is not None:
         video, audio = result
         save_latent(Path(out_path), H3Latent(video=video, audio=audio, meta=meta))
-
-
-def frames_of(latent: H3Latent) -> int:
-    """Pixel frames of a latent: its metadata, else the 17k+5 count its T implies."""
-    if "frames" in latent.meta:
-        try:
-            return int(latent.meta["frames"])
-        except ValueError:
-            raise H3FlowError(f"latent metadata frames={latent.meta['frames']!r} is not a number") from None
-    t = int(latent.video.shape[2])
-    return ((t - 2) // 5) * 17 + 5
 
 
 def decode_latent_to_mp4(latent: H3Latent, out_path: Path, *, int8: bool = True, device: str = "cpu") -> FileRef:

@@ -19,6 +19,7 @@ import copy
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,14 @@ def _types_match(produced: str, wanted: str | None) -> bool:
     return bool(set(produced.split(",")) & set(wanted.split(",")))
 
 
-def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -> list[str]:
-    """Every problem of an API-format prompt against ``/object_info``, one line each."""
+def validate_prompt(
+    prompt: Mapping[str, Any], object_info: Mapping[str, Any], *, missing_required: bool = True
+) -> list[str]:
+    """Every problem of an API-format prompt against ``/object_info``, one line each.
+
+    ``missing_required=False`` leaves out required inputs the prompt lacks (for a prompt
+    :func:`complete_prompt` has already been through, which reports those itself).
+    """
     problems: list[str] = []
     for node_id, node in sorted(prompt.items(), key=lambda kv: str(kv[0])):
         ctype = node.get("class_type")
@@ -157,7 +164,7 @@ def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -
             continue
         specs, required = _input_specs(schema)
         given = node.get("inputs", {}) or {}
-        for missing in sorted(required - set(given)):
+        for missing in sorted(required - set(given)) if missing_required else []:
             problems.append(f"{where}: required input {missing!r} missing")
         for key, value in given.items():
             if key not in specs:
@@ -208,6 +215,74 @@ def validate_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any]) -
             elif kind not in ("COMBO", "INT", "FLOAT", "BOOLEAN", "STRING", None):
                 problems.append(f"{where}: input {key!r} wants a {kind} link, got the value {value!r}")
     return problems
+
+
+@dataclass(frozen=True)
+class FilledInput:
+    """A required input a template does not set, filled with the server's declared default."""
+
+    node_id: str
+    class_type: str
+    name: str
+    value: Any
+
+    def line(self, template: str) -> str:
+        return (
+            f"{template}: node {self.node_id} ({self.class_type}) input {self.name!r} is not set by the template; "
+            f"using this ComfyUI's default {self.value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A prompt with the server's defaults filled in, what was filled, and what could not be."""
+
+    prompt: dict[str, Any]
+    filled: list[FilledInput]
+    unfillable: list[str]  # one line each: node, input and the fix
+
+
+def _wanted(spec: Any) -> str:
+    kind, options, _ = _spec_type(spec)
+    if kind == "COMBO" and options is not None:
+        shown = ", ".join(map(repr, options[:8])) + (" ..." if len(options) > 8 else "")
+        return f"one of [{shown}]"
+    return f"a {kind} link" if kind not in ("INT", "FLOAT", "BOOLEAN", "STRING", None) else f"a {kind} value"
+
+
+def complete_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any], *, template: str) -> Completion:
+    """Fill each required input the prompt leaves out with the default the server declares.
+
+    Upstream nodes gain required inputs (Raylight's ``dp_degree``); a template written
+    before that would be rejected by ComfyUI. Where the server's ``/object_info`` gives a
+    default, that is what ComfyUI's own UI would put there, so it is filled in and
+    reported; where it gives none (a link, a combo without a declared default), the
+    template must say: one line naming the node, the input and the fix.
+    Node types the server lacks are left to :func:`validate_prompt`.
+    """
+    out = copy.deepcopy(dict(prompt))
+    filled: list[FilledInput] = []
+    unfillable: list[str] = []
+    for node_id, node in sorted(out.items(), key=lambda kv: str(kv[0])):
+        ctype = node.get("class_type")
+        schema = object_info.get(ctype) if isinstance(ctype, str) else None
+        if schema is None:
+            continue
+        required = (schema.get("input") or {}).get("required") or {}
+        inputs = node.setdefault("inputs", {})
+        for name, spec in required.items():
+            if name in inputs:
+                continue
+            _, _, opts = _spec_type(spec)
+            if "default" in opts and opts["default"] is not None:
+                inputs[name] = copy.deepcopy(opts["default"])
+                filled.append(FilledInput(str(node_id), ctype, name, opts["default"]))
+            else:
+                unfillable.append(
+                    f"{template}: node {node_id} ({ctype}) requires input {name!r}, which the template does not set "
+                    f"and this ComfyUI gives no default for: set it to {_wanted(spec)} in workflows/{template}.json"
+                )
+    return Completion(out, filled, unfillable)
 
 
 def check_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any], *, name: str = "workflow") -> None:

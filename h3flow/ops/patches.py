@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -225,8 +226,43 @@ def check_patch(patch_file: Path, tree: Path) -> PatchReport:
     forward = _run_patch(patch_file, tree)
     if forward.returncode == 0:
         return PatchReport(patch_file.name, tree, State.NOT_APPLIED)
-    problem = _describe_failure(forward.stdout + forward.stderr, files)
+    problem = _describe_hunks(files, tree) or _describe_failure(forward.stdout + forward.stderr, files)
     return PatchReport(patch_file.name, tree, State.CONFLICT, problem)
+
+
+def _one_hunk(diff: FileDiff, hunk: Hunk) -> str:
+    return (
+        f"--- a/{diff.path}\n+++ b/{diff.path}\n@@ -{hunk.old_start},{hunk.old_len} +{hunk.new_start},{hunk.new_len} @@\n"
+        + "".join(line + "\n" for line in hunk.lines)
+    )
+
+
+def _describe_hunks(files: Iterable[FileDiff], tree: Path) -> str:
+    """Why a patch neither applies nor reverses, hunk by hunk: each hunk dry-run on its own both ways.
+
+    A whole-patch dry run stops at the first file that does not fit and then blames hunks
+    that are merely applied already; this names the hunks whose context changed, and the
+    files left half patched.
+    """
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="h3flow-hunk-") as tmp:
+        for diff in files:
+            applied: list[int] = []
+            pending: list[int] = []
+            for hunk in diff.hunks:
+                single = Path(tmp) / f"{len(problems)}-{hunk.number}.patch"
+                single.write_text(_one_hunk(diff, hunk), encoding="utf-8")
+                if _run_patch(single, tree, reverse=True).returncode == 0:
+                    applied.append(hunk.number)
+                elif _run_patch(single, tree).returncode == 0:
+                    pending.append(hunk.number)
+                else:
+                    problems.append(f"{diff.path} hunk #{hunk.number} ({hunk.header}) does not match its context")
+            if applied and pending:
+                done = ", ".join(f"#{n}" for n in applied)
+                left = ", ".join(f"#{n}" for n in pending)
+                problems.append(f"{diff.path} is partly patched: hunk {done} applied, hunk {left} not")
+    return "; ".join(problems)
 
 
 def _apply_checked(report: PatchReport, patch_file: Path) -> PatchReport:

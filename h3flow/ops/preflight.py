@@ -10,8 +10,9 @@ each link's RTT and a 13 MB transfer; clock skew.
 How: each host's facts are gathered once, in parallel (one SSH connection per host;
 the h3flow agent in the host's venv reports python / torch / GPUs / disk / models /
 the API as the host sees it, and runs the link probe), then judged by one small
-function per check. A check is ✓, ✗ with the fix, or — (skipped, with why: it does not
-apply to the host's role or engine, or the service is not started yet). The embedded
+function per check. A check is ✓, ! (works, with a warning), ✗ with the fix, or —
+(skipped, with why: it does not apply to the host's role or engine, or the service is
+not started yet). The embedded
 default (a local.json with a work_dir) is checked the same way, without SSH.
 """
 
@@ -34,13 +35,13 @@ from h3flow.config.models import LocalConfig, Pool, ResolvedHost, load_local_con
 from h3flow.core.errors import H3FlowError
 from h3flow.ops.services import LocalRunner, Proc, ServiceSpec, WorkerHealth, check_health, service_specs
 
-Status = Literal["ok", "fail", "skip"]
+Status = Literal["ok", "warn", "fail", "skip"]
 PROBE_BYTES = 13_000_000  # an HD latent
 MAX_SKEW_S = 2.0  # Prefect heartbeats and the dispatcher's 20 s staleness rule tolerate this much
 CONNECT_TIMEOUT = 5.0
 GIB = 1 << 30
 MIN_FREE = {"h3": 20 * GIB, "reference": GIB // 4}  # latents, conditioning, MP4s, Prefect results
-SYMBOL = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "skip": "[dim]—[/]"}
+SYMBOL = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]", "skip": "[dim]—[/]"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class Check:
 
 def ok(host: str, name: str, detail: str) -> Check:
     return Check(host, name, "ok", detail)
+
+
+def warn(host: str, name: str, detail: str) -> Check:
+    """Works, but not as written: said once so the operator can make it explicit."""
+    return Check(host, name, "warn", detail)
 
 
 def fail(host: str, name: str, detail: str, fix: str) -> Check:
@@ -461,24 +467,35 @@ def _stage_params(stage: str, reference: bool) -> dict[str, Any]:
 
 
 def _comfy_fix(problems: Iterable[str], host: str) -> str:
-    text = " ".join(problems)
-    fixes = []
-    if "(H3" in text:
-        fixes.append(f"`h3flow nodes install --host {host}` (the h3flow node pack)")
-    if "(Ray" in text or "(XFuser" in text:
-        fixes.append("install Raylight into custom_nodes")
-    if "MiniMaxH3" in text or "(MiniMax" in text:
-        fixes.append("update ComfyUI to a version with the MiniMax H3 nodes")
-    if "not among the options" in text:
-        fixes.append("put the named model files into ComfyUI's models folders")
+    fixes: dict[str, None] = {}  # ordered, no repeats
+    for line in problems:
+        missing = "node type not installed" in line
+        if "(H3" in line and "gives no default for" not in line:
+            fixes[f"`h3flow nodes install --host {host}` (the h3flow node pack)"] = None
+        if missing and ("(Ray" in line or "(XFuser" in line):
+            fixes["install Raylight into custom_nodes"] = None
+        if missing and "(MiniMax" in line:
+            fixes["update ComfyUI to a version with the MiniMax H3 nodes"] = None
+        if "gives no default for" in line:
+            fixes[
+                "set the named inputs in the templates (workflows/), or install the node versions they were written for"
+            ] = None
+        if "not among the options" in line:
+            fixes["put the named model files into ComfyUI's models folders"] = None
     return "; ".join(fixes) or "make this ComfyUI match the templates in workflows/"
 
 
-def template_problems(config: LocalConfig, pool: Pool, object_info: dict[str, Any]) -> list[str]:
-    """Every way the pool's templates do not fit ``object_info``, each line named by its template."""
+def template_problems(config: LocalConfig, pool: Pool, object_info: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """How the pool's templates fit ``object_info``: (problems, inputs filled from its defaults).
+
+    Each line is named by its template. A required input a template does not set is
+    filled from the server's default at run time (the ``comfy`` engine does the same),
+    so it is a warning; one without a default, and everything :func:`validate_prompt`
+    finds in the completed prompt, is a problem.
+    """
     from h3flow.engines import comfy_params
     from h3flow.engines.comfy import ComfyEngine
-    from h3flow.engines.workflows import validate_prompt
+    from h3flow.engines.workflows import complete_prompt, validate_prompt
 
     reference = config.model.kind == "reference"
     variant = "reference" if reference else "xtx" if pool.arch.startswith("gfx") else "production"
@@ -486,11 +503,16 @@ def template_problems(config: LocalConfig, pool: Pool, object_info: dict[str, An
     stages = (
         ["decode"] if pool.role == "decode" else (["encode"] if pool.encoder_pool == pool.name else []) + ["sample"]
     )
-    problems = []
+    problems: list[str] = []
+    filled: list[str] = []
     for stage in stages:
-        prompt = engine.prompt_for(stage, _stage_params(stage, reference))
-        problems += [f"{engine.template_name(stage)}: {p}" for p in validate_prompt(prompt, object_info)]
-    return problems
+        name = engine.template_name(stage)
+        done = complete_prompt(engine.prompt_for(stage, _stage_params(stage, reference)), object_info, template=name)
+        problems += done.unfillable + [
+            f"{name}: {p}" for p in validate_prompt(done.prompt, object_info, missing_required=False)
+        ]
+        filled += [item.line(name) for item in done.filled]
+    return problems, filled
 
 
 def check_comfyui(view: HostView, fetch: Callable[[str], dict[str, Any]]) -> list[Check]:
@@ -515,10 +537,12 @@ def check_comfyui(view: HostView, fetch: Callable[[str], dict[str, Any]]) -> lis
                 )
             )
             continue
-        problems = template_problems(view.config, pool, info)
+        problems, filled = template_problems(view.config, pool, info)
         if problems:
             more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
             checks.append(fail(view.name, label, "; ".join(problems[:4]) + more, _comfy_fix(problems, view.name)))
+        elif filled:
+            checks.append(warn(view.name, label, f"{pool.comfy_url}: " + "; ".join(filled)))
         else:
             checks.append(
                 ok(view.name, label, f"{pool.comfy_url}: /object_info holds every node and input of its templates")
@@ -814,7 +838,7 @@ def run_preflight(config_path: Path, as_json: bool, console: Console | None = No
         console.print_json(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}))
     else:
         console.print(render(checks))
-        counts = {s: sum(1 for c in checks if c.status == s) for s in ("ok", "fail", "skip")}
-        summary = f"{counts['ok']} ✓  {counts['fail']} ✗  {counts['skip']} —"
+        counts = {s: sum(1 for c in checks if c.status == s) for s in ("ok", "warn", "fail", "skip")}
+        summary = f"{counts['ok']} ✓  {counts['warn']} !  {counts['fail']} ✗  {counts['skip']} —"
         console.print(f"[red]{summary}: fix the ✗ lines[/]" if failed else f"[green]{summary}: ready[/]")
     return 1 if failed else 0

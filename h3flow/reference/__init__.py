@@ -1,8 +1,7 @@
 """The reference model: MiniMax H3's latent layout without its weights.
 
-A fixed orthonormal patch VAE (:mod:`.vae`, with an INT8 decoder), prompt/image
-conditioning (:mod:`.conditioning`), a flow-matching Euler sampler with one real
-attention block (:mod:`.sampler`) that runs Ulysses sequence-parallel
-(:mod:`.ulysses`), and an audio decoder (:mod:`.audio`); :mod:`.meta` holds its
-identity torch-free. See docs/reference-model.md.
+It lives in the node pack (``h3flow_nodes.reference``: patch VAE, conditioning, sampler,
+Ulysses, audio), so the ComfyUI nodes run it without h3flow; the modules here are its
+names on h3flow's side, and :mod:`.meta` adds the provenance h3flow writes. See
+docs/reference-model.md.
 """

@@ -7,25 +7,11 @@ sampling itself happens in ComfyUI.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from h3flow.core.batch import Clip
 from h3flow.core.specs import FPS
+from h3flow_nodes.reference.denoiser import SAMPLER_ID, DenoiserConfig
 
-SAMPLER_ID = "euler-simple"
-
-
-@dataclass(frozen=True)
-class DenoiserConfig:
-    heads: int = 8
-    head_dim: int = 8
-    gain: float = 0.01
-    weight_seed: int = 0x4833  # "H3"
-    shift: float = 1.0  # flow time shift of the sigma table (1.0: none)
-
-    @property
-    def model_id(self) -> str:
-        return f"h3flow-reference-attn{self.heads}x{self.head_dim}-g{self.gain}-w{self.weight_seed}"
+__all__ = ["SAMPLER_ID", "DenoiserConfig", "latent_meta"]
 
 
 def latent_meta(
