@@ -136,7 +136,18 @@ def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     assert server.binds == (("127.0.0.1", port),)
     assert server.health == HttpHealth(f"http://127.0.0.1:{port}/api/health")
     a1 = specs["worker-h3-a1"]
-    assert a1.argv[1:] == ("worker", "start", "--pool", "h3-a1", "--type", "process", "--name", "h3-a1-worker")
+    assert a1.argv[1:] == (
+        "worker",
+        "start",
+        "--pool",
+        "h3-a1",
+        "--work-queue",
+        "default",
+        "--type",
+        "process",
+        "--name",
+        "h3-a1-worker",
+    )  # the clips queue is the pool runner's, not the worker's
     assert a1.env["CUDA_VISIBLE_DEVICES"] == "" and a1.env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
     assert a1.env["H3FLOW_CONFIG"] == str(path.resolve()) and a1.env["PREFECT_API_URL"] == config.prefect.api_url
     assert a1.health == WorkerHealth(config.prefect.api_url, "h3-a1", "h3-a1-worker")
