@@ -450,3 +450,37 @@ def test_the_batch_run_tells_each_clips_story(config: LocalConfig) -> None:
     for clip in ("c0", "c1"):
         story = [line for line in logged if line.startswith(f"{clip}:")]
         assert [line.split(":")[1].split()[0] for line in story] == ["routed", "sampled", "delivered"], story
+
+
+def test_a_briefly_unavailable_api_is_waited_out(config: LocalConfig) -> None:
+    import httpx
+
+    api = FakePrefect()
+    original = api.states
+
+    def flaky(run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        if 1005.0 <= api.t < 1035.0:
+            raise httpx.ConnectError("connection refused")  # the server restarting
+        return original(run_ids)
+
+    api.states = flaky  # type: ignore[method-assign]
+    logged: list[str] = []
+    result = Dispatcher(config, "/cfg", batch(4), api, Saved(), log=logged.append).run()
+    assert result.state == "completed" and len(result.delivered) == 4
+    assert any("API unavailable" in line for line in logged) and any("API back" in line for line in logged)
+
+
+def test_an_api_gone_for_good_or_a_defect_fails_the_run_it_does_not_cancel_it(config: LocalConfig) -> None:
+    import httpx
+
+    api = FakePrefect()
+
+    def down(run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        raise httpx.ConnectError("connection refused")
+
+    api.states = down  # type: ignore[method-assign]
+    saved = Saved()
+    with pytest.raises(httpx.ConnectError):
+        Dispatcher(config, "/cfg", batch(2), api, saved).run()
+    assert saved.snapshots[-1].state == "failed" and "ConnectError" in (saved.snapshots[-1].error or "")
+    assert not api.cancelled, "children are left to finish: resume picks up their results"

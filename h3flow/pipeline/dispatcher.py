@@ -17,6 +17,7 @@ submissions of each stage are counted over all its children and capped at
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,9 +28,11 @@ from h3flow.core.batch import Clip
 from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.manifest import HEARTBEAT_S, ClipRecord, ClipState, Manifest
+from h3flow.pipeline.prefect_api import UNAVAILABLE
 from h3flow.pipeline.results import FailureKind, StageResult
 
 POLL = 0.5
+API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
 POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -157,6 +160,7 @@ class Dispatcher:
         self.runner_serial = 0
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
+        self.api_down_since: float | None = None
         self.state = LiveState()
         self.pools_lost_since: float | None = None
         self.pools_checked: float | None = None
@@ -191,26 +195,21 @@ class Dispatcher:
         self.restart_interrupted()
         self.beat()
         try:
-            while not self.cancelled():
-                changed = self.poll_children()
-                changed |= self.check_pools()
-                changed |= self.ensure_runners()
-                changed |= self.submit_decodes()
-                changed |= self.submit_samples()
-                if changed or self.api.now() - (self.manifest.heartbeat or 0) >= HEARTBEAT_S:
-                    self.beat()
-                if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
-                    break
-                if self.no_pool_left():
-                    role = "decoder" if not self.live_pools("decode") else "sampler pool"
-                    self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
-                    break
+            while not self.step():
                 self.api.pause(POLL)
-        except BaseException:  # killed or interrupted (a cancel from the UI ends here): take the children along
-            self.stop_everything("the batch run was stopped")
+        except Exception as exc:  # a defect, or the API gone for good: the children finish; resume continues
+            self.manifest.state, self.manifest.error = "failed", f"the dispatcher stopped: {type(exc).__name__}: {exc}"
+            self.manifest.finished = self.api.now()
+            with contextlib.suppress(Exception):
+                self.beat()
+            raise
+        except BaseException:  # cancelled (the worker's SIGTERM, Ctrl-C): take the children along
+            with contextlib.suppress(Exception):
+                self.stop_everything("the batch run was stopped")
             self.manifest.state = "cancelled"
             self.manifest.finished = self.api.now()
-            self.beat()
+            with contextlib.suppress(Exception):
+                self.beat()
             raise
         for runner in self.runners.values():
             self.api.stop_runner(runner)
@@ -218,6 +217,38 @@ class Dispatcher:
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
         return self.manifest  # unsaved: the caller saves the final state once the report is out
+
+    def step(self) -> bool:
+        """One pass of the loop; True when the run is over. The API being briefly unavailable
+        (a busy or restarting server) is waited out, up to ``API_GIVE_UP_S``."""
+        try:
+            if self.cancelled():
+                return True
+            changed = self.poll_children()
+            changed |= self.check_pools()
+            changed |= self.ensure_runners()
+            changed |= self.submit_decodes()
+            changed |= self.submit_samples()
+            if changed or self.api.now() - (self.manifest.heartbeat or 0) >= HEARTBEAT_S:
+                self.beat()
+        except UNAVAILABLE as exc:
+            now = self.api.now()
+            if self.api_down_since is None:
+                self.api_down_since = now
+                self.log(f"Prefect API unavailable ({type(exc).__name__}: {exc}); waiting up to {API_GIVE_UP_S:.0f} s")
+            if now - self.api_down_since > API_GIVE_UP_S:
+                raise
+            return False
+        if self.api_down_since is not None:
+            self.log(f"Prefect API back after {self.api.now() - self.api_down_since:.0f} s")
+            self.api_down_since = None
+        if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
+            return True
+        if self.no_pool_left():
+            role = "decoder" if not self.live_pools("decode") else "sampler pool"
+            self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
+            return True
+        return False
 
     def beat(self) -> None:
         """Save the manifest, stamped: a save is also the dispatcher's heartbeat (resume reads it)."""

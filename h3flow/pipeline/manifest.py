@@ -28,7 +28,7 @@ RunState = Literal["pending", "running", "completed", "failed", "cancelled"]
 HEARTBEAT_S = 2.0
 """The dispatcher saves the manifest at least this often; a run whose manifest is older than
 ``STALE_AFTER`` heartbeats has no live dispatcher, whatever Prefect still says."""
-STALE_AFTER = 3
+STALE_AFTER = 15  # 30 s: a loop stalled by a busy server is not taken for a dead one
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 

@@ -15,13 +15,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import httpx
+
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
-from h3flow.core.contracts import STOP_TAG, run_tag
+from h3flow.core.contracts import CLIPS_QUEUE, STOP_TAG, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.results import StageResult, results_from_rows
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+UNAVAILABLE: tuple[type[BaseException], ...] = (httpx.HTTPError, ConnectionError, TimeoutError)
+"""What a busy, restarting or unreachable Prefect server raises (waited out, not a defect)."""
 
 
 @contextlib.contextmanager
@@ -251,7 +255,7 @@ class PrefectApi:
 
     # -- the pool runner's side
     def runner_done(self, own_id: str, batch_id: str | None) -> bool:
-        """True when the runner should end: asked to stop, cancelled, or its batch run is over."""
+        """True when the runner should take no more clips: asked to stop, cancelled, or its batch run is over."""
         from uuid import UUID
 
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -268,7 +272,7 @@ class PrefectApi:
         return any(r.state_type is not None and r.state_type.value in over for r in runs.values())
 
     def claim(self, tags: list[str], limit: int) -> list[Any]:
-        """Take up to ``limit`` scheduled flow runs carrying all ``tags``, oldest first.
+        """Take up to ``limit`` scheduled clip flow runs (queue ``clips``) carrying all ``tags``, oldest first.
 
         A run is ours once Prefect accepts our Pending proposal: two runners (or a worker)
         can never both start it.
@@ -278,6 +282,7 @@ class PrefectApi:
             FlowRunFilterState,
             FlowRunFilterStateType,
             FlowRunFilterTags,
+            FlowRunFilterWorkQueueName,
         )
         from prefect.client.schemas.objects import StateType
         from prefect.client.schemas.responses import SetStateStatus
@@ -288,6 +293,7 @@ class PrefectApi:
             flow_run_filter=FlowRunFilter(
                 tags=FlowRunFilterTags(all_=tags),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+                work_queue_name=FlowRunFilterWorkQueueName(any_=[CLIPS_QUEUE]),  # never another runner
             ),
             sort=FlowRunSort.EXPECTED_START_TIME_ASC,
             limit=limit,

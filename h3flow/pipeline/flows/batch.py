@@ -34,7 +34,7 @@ from h3flow.pipeline.manifest import (
     save_manifest,
 )
 from h3flow.pipeline.plan import plan_for_manifest
-from h3flow.pipeline.prefect_api import PrefectApi
+from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
 from h3flow.pipeline.run_report import write_run_report
 from h3flow.pipeline.runs import with_image_hashes
 
@@ -118,7 +118,10 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
 
         def save(m: Manifest, changed: set[str]) -> None:
             writer.save(m, changed)
-            progress.update(m)
+            try:
+                progress.update(m)
+            except UNAVAILABLE as exc:  # the UI's bar can wait; the record cannot
+                logger.warning("progress artifact not updated: %s", exc)
 
         dispatcher = Dispatcher(
             config,

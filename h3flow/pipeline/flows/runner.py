@@ -26,7 +26,9 @@ from prefect import flow, get_run_logger
 from h3flow.config.models import config_at
 from h3flow.core.contracts import AHEAD, pool_tag, run_tag
 from h3flow.engines import engine_for
+from h3flow.pipeline.dispatcher import API_GIVE_UP_S
 from h3flow.pipeline.flows.clip import config_path_or_env, decode_clip, sample_clip
+from h3flow.pipeline.prefect_api import UNAVAILABLE
 
 POLL = 0.2  # seconds between looks for a queued clip while the pool has room
 BATCH_CHECK_S = 2.0  # how often the runner asks whether its batch run is still going
@@ -54,26 +56,34 @@ def pool_runner(
     active: dict[str, threading.Thread] = {}
     ran = 0
     checked = 0.0
+    down_since: float | None = None
     try:
         while True:
             for run_key in [k for k, thread in active.items() if not thread.is_alive()]:
                 del active[run_key]
-            if own_id and time.monotonic() - checked > BATCH_CHECK_S:
-                checked = time.monotonic()
-                if api.runner_done(own_id, batch_flow_run_id):
-                    break
-            if len(active) < AHEAD:
-                for child in api.claim(tags, AHEAD - len(active)):
-                    logger.info("running %s", child.name)
-                    thread = threading.Thread(target=execute, args=(clip_flow, child), daemon=True, name=child.name)
-                    thread.start()
-                    active[str(child.id)] = thread
-                    ran += 1
+            try:
+                if own_id and time.monotonic() - checked > BATCH_CHECK_S:
+                    checked = time.monotonic()
+                    if api.runner_done(own_id, batch_flow_run_id):
+                        break
+                if len(active) < AHEAD:
+                    for child in api.claim(tags, AHEAD - len(active)):
+                        logger.info("running %s", child.name)
+                        thread = threading.Thread(target=execute, args=(clip_flow, child), daemon=True, name=child.name)
+                        thread.start()
+                        active[str(child.id)] = thread
+                        ran += 1
+                down_since = None
+            except UNAVAILABLE as exc:  # a busy or restarting server: wait it out, up to API_GIVE_UP_S
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > API_GIVE_UP_S:
+                    raise
+                logger.warning("Prefect API unavailable (%s); still trying", exc)
             api.pause(POLL)
     finally:
         api.close()
-    for thread in active.values():  # the batch is over; a clip still running was cancelled with it
-        thread.join(timeout=0)
+    for thread in active.values():  # take no more; let the clips already running finish (their results are cached)
+        thread.join()
     return {"pool": pool, "clips_run": ran}
 
 
