@@ -157,16 +157,18 @@ def test_a_simulation_accepts_a_batch_of_real_clips() -> None:
 
 
 # --------------------------------------------------------------------------- bounds
-def test_the_lower_bound_is_the_issues_formula_for_identical_clips() -> None:
+def test_the_lower_bound_is_the_split_point_formula_for_identical_clips() -> None:
     planner = planner_for("four_four_plus_one")
     clips = [PlanClip.make(f"c{i}", "sd") for i in range(6)]
     t = planner.sampler_times(clips[0], planner.resources.pool("a0"))
     s, transfer = t.total, planner.transfer_time(clips[0], planner.resources.links[0])
     d = sum(planner.decoder_times(clips[0], planner.resources.decoders[0]))
-    t_star = 3 * s  # two pools: the earliest t with floor(t/S) + floor(t/S) >= 6
-    want = max(t_star + transfer + d, s + transfer + 6 * d)
+    # t*(k): the k-th latent of two pools of period s is written at ceil(k / 2) * s; after it the
+    # n - k + 1 latents still to come are decoded one after another
+    want = max(-(-k // 2) * s + transfer + (6 - k + 1) * d for k in range(1, 7))
     bound = lower_bound(planner, clips)
-    assert bound.seconds == pytest.approx(want) and bound.binding == "sampling"
+    assert want == pytest.approx(3 * s + transfer + 2 * d)  # the design's 296.9 s: the last two arrive together
+    assert bound.seconds == pytest.approx(want) and bound.binding == "split point"
     assert bound.clips_per_hour == pytest.approx(3600 * min(2 / s, 1 / d))
     many = [PlanClip.make(f"c{i}", "sd") for i in range(400)]
     assert lower_bound(planner, many).seconds >= 200 * s
