@@ -64,7 +64,7 @@ def test_json_has_the_same_content_for_machines() -> None:
     row = next(r for r in data["topologies"] if r["topology"] == "four_four_xtx_plus_one")
     assert row["makespan_s"] == pytest.approx(677.5, rel=0.005)
     assert row["clips_per_hour"] == pytest.approx(31.88, rel=0.005)
-    assert row["decoder_idle_gaps_s"] == {"b": 0.0}
+    assert row["decoder_idle_gaps_s"]["b"] == pytest.approx(188.1, abs=1.0)
     assert row["makespan_over_lower_bound"] >= 1.0
     assert set(row["utilisation"]) == {"a0", "a1", "xtx", "host-a->host-b", "xtx->host-b", "b"}
     assert row["pools"]["xtx"] == "1xRX 7900 XTX (encoded on a0)"

@@ -53,14 +53,18 @@ def test_adding_the_xtx_at_sd_gains_only_11_5_percent_so_it_is_not_recommended()
         assert "not worth the xtx host" in rec.sentence
 
 
-def test_four_four_xtx_plus_one_hd_makespan_rate_gain_and_a_decoder_that_never_idles() -> None:
+def test_four_four_xtx_plus_one_hd_makespan_rate_gain_and_a_busier_decoder() -> None:
     plain, xtx = run("four_four_plus_one", "hd"), run("four_four_xtx_plus_one", "hd")
     assert close(xtx.schedule.makespan, 677.5)
     assert close(xtx.schedule.clips_per_hour, 31.88)
     assert close(xtx.schedule.clips_per_hour / plain.schedule.clips_per_hour - 1, 0.332)
-    # without the XTX the 3080 Ti waits ~196 s between clips; with it, never once it starts
-    assert plain.schedule.idle_gaps("b") > 150
-    assert xtx.schedule.idle_gaps("b") == pytest.approx(0.0, abs=1e-6)
+    # with the XTX the 3080 Ti idles less: its gaps after the first clip shrink from 413 s to 188 s
+    # (the fit decodes HD in 35.3 s, linear in pixels; "never idle" would need a 76 s decode and an
+    # XTX whose HD/SD ratio is 1.72 — see docs/planner.md)
+    assert plain.schedule.idle_gaps("b") == pytest.approx(413.0, abs=1.0)
+    assert xtx.schedule.idle_gaps("b") == pytest.approx(188.1, abs=1.0)
+    busy = {e.name: e.schedule.utilisation(["b"])["b"] for e in (plain, xtx)}
+    assert busy["four_four_xtx_plus_one"] > busy["four_four_plus_one"] * 1.3
 
 
 def test_at_hd_the_xtx_is_recommended_among_the_named_topologies() -> None:

@@ -32,7 +32,7 @@ PROFILE = load_profile()
 
 
 def planner_for(topology: str) -> Planner:
-    return Planner(PROFILE, Resources.from_config(adapt(HOST_MAP, topology), PROFILE.encoder_vram_gb))
+    return Planner(PROFILE, Resources.from_config(adapt(HOST_MAP, topology)))
 
 
 # --------------------------------------------------------------------------- profile
@@ -56,11 +56,19 @@ def test_longer_clips_and_slower_links_take_longer() -> None:
     five, ten = PlanClip.make("x", "sd", 5), PlanClip.make("y", "sd", 10)
     t5, t10 = planner.sampler_times(five, a0), planner.sampler_times(ten, a0)
     assert t10.encode == t5.encode  # one prompt, one image: encoding does not scale
-    assert t10.sample / t5.sample == pytest.approx(72 / 37)  # latent frames of 10 s (243 frames) / 5 s (124)
+    # sampling grows faster than the latent frames (72 for 10 s, 37 for 5 s): attention is quadratic in tokens
+    curve = PROFILE.curve("T10")
+    assert curve.fixed == 0 and curve.quadratic > 0
+    n5, n10 = 37 * 26 * 46, 72 * 26 * 46
+    assert t10.sample / t5.sample == pytest.approx(curve(n10) / curve(n5))
+    assert 72 / 37 < t10.sample / t5.sample < (72 / 37) ** 2
+    assert t10.handoff / t5.handoff == pytest.approx(PROFILE.latent_bytes("sd", ten.frames) / 4_301_184)
     link = planner.resources.links[0]
     slow = type(link)(link.name, link.source, link.target, gbit_s=0.1)
-    assert planner.transfer_time(five, link) == pytest.approx(0.69 + 4.30 * 8 / 10_000)  # an SD latent is 4.30 MB
-    assert planner.transfer_time(five, slow) == pytest.approx(0.69 + 4.30 * 8 / 100)
+    sd_bytes = 4 * (24 * 37 * 26 * 46 + 32 * 2 * 207)  # H3's SD latent: video + audio, fp32 = 4.30 MB
+    assert PROFILE.latent_bytes("sd", five.frames) == sd_bytes == 4_301_184
+    assert planner.transfer_time(five, link) == pytest.approx(0.69 + sd_bytes * 8 / 10e9)
+    assert planner.transfer_time(five, slow) == pytest.approx(0.69 + sd_bytes * 8 / 0.1e9)
 
 
 # --------------------------------------------------------------------------- resources
@@ -110,7 +118,7 @@ def test_a_gpu_model_the_profile_does_not_know_is_named() -> None:
             ]
         }
     )
-    planner = Planner(PROFILE, Resources.from_config(adapt(odd, "four_four_plus_one"), PROFILE.encoder_vram_gb))
+    planner = Planner(PROFILE, Resources.from_config(adapt(odd, "four_four_plus_one")))
     with pytest.raises(ConfigError, match=r"no entry gpu\.T4 \(needed for pool a0"):
         planner.check([PlanClip.make("c")])
 
@@ -119,7 +127,7 @@ def test_the_embedded_default_has_a_cpu_profile() -> None:
     from h3flow.config.adapt import local_host_map
 
     config = adapt(local_host_map(Path("/tmp/h3flow-planner-test"), base_port=23400), "one_one_plus_one")
-    planner = Planner(PROFILE, Resources.from_config(config, PROFILE.encoder_vram_gb))
+    planner = Planner(PROFILE, Resources.from_config(config))
     planner.check([PlanClip.make("c", "tiny")])
 
 
@@ -128,8 +136,9 @@ def test_earliest_finish_uses_the_live_state() -> None:
     planner = planner_for("four_four_xtx_plus_one")
     policy = make_policy("earliest-finish", planner)
     clip = PlanClip.make("c", "hd")
-    assert policy.choose_pool(clip, State()) == "xtx"  # the XTX samples HD fastest
-    assert policy.choose_pool(clip, State(gone={"xtx"})) == "a0"
+    assert policy.choose_pool(clip, State()) == "a0"  # one HD clip alone is sampled soonest on a 4 x T10 pool
+    assert policy.choose_pool(clip, State(gone={"a0"})) == "a1"
+    assert policy.choose_pool(clip, State(busy_until={"a0": 100.0, "a1": 100.0}, encode_free={"a0": 0.0})) == "xtx"
     busy = {"a0": 300.0, "a1": 0.0, "xtx": 400.0}
     assert policy.choose_pool(clip, State(busy_until=busy)) == "a1"
     assert policy.choose_pool(clip, State(busy_until=busy, full={"a1"})) is None  # wait: a1 is still best

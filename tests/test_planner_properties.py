@@ -83,6 +83,12 @@ def _random_profile(rng: random.Random) -> object:
 
     out = copy.deepcopy(raw)
     out["gpu"] = scale(raw["gpu"])
+    for gpu in out["gpu"].values():  # keep each GPU's sampling cost plausible: HD 1.1x .. 9x SD (tokens: 3.08x)
+        sample = gpu.get("sample", {})
+        if "sd" in sample and "hd" in sample:
+            for degree in sample["hd"]:
+                base = sample["sd"].get(degree, next(iter(sample["sd"].values())))
+                sample["hd"][degree] = base * rng.uniform(1.1, 9.0)
     out["handoff"] = scale(raw["handoff"])
     out["transfer"] = scale(raw["transfer"])
     return out

@@ -78,7 +78,7 @@ def planner_chooser(config: LocalConfig) -> Chooser:
 
     try:
         profile = load_profile()
-        planner = Planner(profile, Resources.from_config(config, profile.encoder_vram_gb))
+        planner = Planner(profile, Resources.from_config(config))
     except H3FlowError:
         return earliest_finish
     policy = make_policy("earliest-finish", planner)

@@ -34,7 +34,7 @@ def plan_for_manifest(manifest, config: LocalConfig) -> Schedule | None:
     """Plan the manifest's clips on ``config``'s topology; None when the profile cannot (logged)."""
     try:
         profile = load_profile()
-        planner = Planner(profile, Resources.from_config(config, profile.encoder_vram_gb))
+        planner = Planner(profile, Resources.from_config(config))
         clips = [PlanClip.of(rec.clip) for rec in manifest.clips.values()]
         planner.check(clips)
     except H3FlowError as exc:

@@ -9,7 +9,7 @@ API (the live dispatcher calls the policies with its own state)::
                                 simulate, lower_bound, validate)
 
     profile = load_profile()                      # or load_profile(Path("my-profile.toml"))
-    resources = Resources.from_config(local_config, profile.encoder_vram_gb)
+    resources = Resources.from_config(local_config)
     planner = Planner(profile, resources)         # stage durations of clips on these pools
 
     policy = make_policy("earliest-finish", planner)   # or "design" (round-robin), "best"

@@ -27,6 +27,7 @@ from h3flow.planner.sequence import Sequences, from_schedule, makespan, to_sched
 from h3flow.planner.timing import ClipLike, Planner
 
 DEFAULT_TIME_LIMIT = 2.0
+SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)
 CP_MAX_CLIPS = 120  # larger batches: local search only (the model grows past what the time limit solves)
 RELAX_MAX_CLIPS = 400
 TOLERANCE = 1e-6
@@ -83,9 +84,9 @@ def best_schedule(
             seqs, current = found, value
             result.schedule, result.method = to_schedule(inst, found, how), how
 
-    small = inst.n <= 24
     left = deadline - time.perf_counter()
-    found, value = improve(inst, seqs, seconds=left * (0.2 if small else 0.6), seed=seed)
+    share = 0.2 if inst.n <= SMALL else 0.85 if inst.n <= CP_MAX_CLIPS else 1.0
+    found, value = improve(inst, seqs, seconds=left * share, seed=seed)
     take(found, value, "local search")
     if inst.n <= CP_MAX_CLIPS and result.schedule.makespan > result.proven * (1 + TOLERANCE):
         from h3flow.planner.solver import solve_cp

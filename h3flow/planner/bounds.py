@@ -125,6 +125,28 @@ def _lp():
 
 def fractional_loads(inst: Instance) -> float:
     """The fractional-load LP: clips split over pools and decoders, each resource's work + release + tail."""
+    return _fractional(inst)[0]
+
+
+def balanced_counts(inst: Instance) -> list[list[int]]:
+    """Whole numbers of clips of each kind per pool, rounded from the fractional-load LP's split
+    (the local search's balanced starting point: each kind goes where it is relatively cheapest)."""
+    share = _fractional(inst)[1]
+    _, count = _kinds(inst)
+    counts = [[0] * len(count) for _ in share]
+    for k, total in enumerate(count):
+        parts = [row[k] for row in share]
+        floors = [int(v + 1e-9) for v in parts]
+        left = total - sum(floors)
+        by_rest = sorted(range(len(parts)), key=lambda p: -(parts[p] - floors[p]))
+        for p in by_rest[:left]:
+            floors[p] += 1
+        for p, v in enumerate(floors):
+            counts[p][k] = v
+    return counts
+
+
+def _fractional(inst: Instance) -> tuple[float, list[list[float]]]:
     reps, count = _kinds(inst)
     kinds = range(len(reps))
     pools = range(inst.pools)
@@ -155,7 +177,8 @@ def fractional_loads(inst: Instance) -> float:
         lp.Add(makespan >= first + sum(w[p][d][k] * inst.decode[reps[k]][d] for p in pools for k in kinds))
     lp.Minimize(makespan)
     lp.Solve()
-    return float(makespan.solution_value()) * (1 - 1e-9)
+    share = [[float(sum(w[p][d][k].solution_value() for d in range(decoders))) for k in kinds] for p in pools]
+    return float(makespan.solution_value()) * (1 - 1e-9), share
 
 
 def throughput(inst: Instance) -> float:

@@ -117,14 +117,13 @@ def plan_artifact(manifest: Manifest, config_path: str) -> None:
     from h3flow.pipeline.manifest import run_dir
     from h3flow.pipeline.plan import plan_for_manifest
     from h3flow.planner.gantt import draw
-    from h3flow.planner.profile import load_profile
     from h3flow.planner.resources import Resources
 
     config = config_at(config_path)
     schedule = plan_for_manifest(manifest, config)
     if schedule is None:
         return
-    resources = Resources.from_config(config, load_profile().encoder_vram_gb)
+    resources = Resources.from_config(config)
     path = draw(
         schedule,
         resources,
