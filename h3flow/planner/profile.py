@@ -183,11 +183,11 @@ class Profile:
         if not by_degree:
             raise self._missing(f"gpu.{_key(model)}.sample", "the sampling cost model")
         degree = max(by_degree, key=lambda d: (len(by_degree[d]), -abs(math.log(d / 4))))
-        points = sorted((tokens(spec, self.reference_frames), seconds) for spec, seconds in by_degree[degree].items())
-        if len(points) < 2:
-            (n1, s1), a = points[0], self.data.scaling.attention_share
+        known = sorted((tokens(spec, self.reference_frames), seconds) for spec, seconds in by_degree[degree].items())
+        if len(known) < 2:
+            (n1, s1), a = known[0], self.data.scaling.attention_share
             return Curve(0.0, s1 * (1 - a) / n1, s1 * a / n1**2, f"attention share {a:g} (default)")
-        (n1, s1), (n2, s2) = points[-2], points[-1]
+        (n1, s1), (n2, s2) = known[-2], known[-1]
         r, ratio = n2 / n1, s2 / s1
         if ratio > r * r:
             raise ConfigError(
