@@ -186,7 +186,7 @@ def test_the_lower_bound_is_the_split_point_formula_for_identical_clips() -> Non
 # --------------------------------------------------------------------------- live runs
 def test_a_live_run_gets_its_planned_stage_times_and_makespan(monkeypatch: pytest.MonkeyPatch) -> None:
     published = []
-    monkeypatch.setattr(live, "_artifact", lambda run_id, schedule: published.append((run_id, schedule)))
+    monkeypatch.setattr(live, "_artifact", lambda run_id, schedule, proven: published.append((run_id, schedule)))
     config = adapt(HOST_MAP, "four_four_plus_one")
     clips = [Clip(id=f"k{i}", prompt="p", image=Path("x.png"), spec="sd") for i in range(6)]
     manifest = new_manifest("run-1", "demo", clips, "local.json")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 STAGES = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
 
@@ -64,3 +65,20 @@ class Schedule:
         for r in self.runs:
             out[r.clip].append(r)
         return out
+
+    def per_clip(self) -> list[dict[str, Any]]:
+        """The schedule as JSON-ready rows: per clip, its pool and decoder, and each stage's resource, start, end."""
+        rows = []
+        for cid, runs in self.by_clip().items():
+            rows.append(
+                {
+                    "clip": cid,
+                    "pool": self.pool_of.get(cid),
+                    "decoder": self.decoder_of.get(cid),
+                    "stages": {
+                        r.stage: {"resource": r.resource, "start_s": round(r.start, 3), "end_s": round(r.end, 3)}
+                        for r in sorted(runs, key=lambda r: STAGES.index(r.stage))
+                    },
+                }
+            )
+        return rows

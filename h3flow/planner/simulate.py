@@ -23,20 +23,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from h3flow.core.batch import Batch
 from h3flow.core.errors import ConfigError
 from h3flow.planner.instance import Instance
-from h3flow.planner.policies import EarliestFinish, Policy, Projection, RoundRobin, State, project
+from h3flow.planner.policies import EarliestFinish, Policy, RoundRobin, State, project
 from h3flow.planner.resources import SamplerPool
 from h3flow.planner.schedule import STAGES, Schedule, StageRun
 from h3flow.planner.sequence import AHEAD, deliver, delivery_runs
 from h3flow.planner.timing import ClipLike, PlanClip, Planner, SamplerTimes
 
-C = TypeVar("C", bound=ClipLike)
-
-__all__ = ["AHEAD", "POLICIES", "STAGES", "BestOf", "Schedule", "StageRun", "clips_of", "make_policy", "simulate"]
+__all__ = ["AHEAD", "POLICIES", "STAGES", "Schedule", "StageRun", "clips_of", "make_policy", "simulate"]
 
 
 def clips_of(batch_or_clips: Batch | Sequence[ClipLike]) -> list[PlanClip]:
@@ -207,44 +204,8 @@ def simulate(
     )
 
 
-class BestOf:
-    """Simulate each candidate policy on the batch, then act as the one that finishes it first."""
-
-    name = "best"
-
-    def __init__(self, planner: Planner, candidates: Sequence[type] = (EarliestFinish, RoundRobin)) -> None:
-        self.planner = planner
-        self.candidates: list[Policy] = [c(planner) for c in candidates]
-        self.chosen: Policy = self.candidates[0]
-        self.schedules: dict[str, Schedule] = {}  # candidate name -> its Schedule, after order()
-
-    def reset(self) -> None:
-        self.chosen.reset()
-
-    def order(self, clips: Sequence[C]) -> list[C]:
-        self.schedules = {}
-        for candidate in self.candidates:
-            self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
-        ranked = sorted(
-            enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0])
-        )
-        self.chosen = ranked[0][1]
-        self.chosen.reset()
-        return self.chosen.order(clips)
-
-    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
-        return self.chosen.choose_pool(clip, state)
-
-    @property
-    def needs_state(self) -> bool:
-        return getattr(self.chosen, "needs_state", True)
-
-    @property
-    def projections(self) -> dict[str, Projection]:
-        return getattr(self.chosen, "projections", {})
-
-
-POLICIES = {"best": BestOf, "earliest-finish": EarliestFinish, "design": RoundRobin}
+# the simulator's policies ("best" is not one: it is a schedule, h3flow.planner.best)
+POLICIES: dict[str, type[EarliestFinish] | type[RoundRobin]] = {"earliest-finish": EarliestFinish, "design": RoundRobin}
 
 
 def make_policy(name: str, planner: Planner) -> Policy:

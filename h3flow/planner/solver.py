@@ -56,7 +56,10 @@ def solve_cp(
     known_bound: float = 0.0,
     workers: int = 1,
     seed: int = 0,
+    max_deterministic: float | None = None,
 ) -> Solved:
+    """Solve within ``seconds`` of wall time (and ``max_deterministic`` units of CP-SAT's
+    deterministic time, which does not depend on the machine's load: for reproducible runs)."""
     from ortools.sat.python import cp_model
 
     n, pools = inst.n, range(inst.pools)
@@ -156,6 +159,8 @@ def solve_cp(
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(seconds, 0.01)
+    if max_deterministic is not None:
+        solver.parameters.max_deterministic_time = max_deterministic
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     status = solver.solve(m)
@@ -255,13 +260,19 @@ def _extract(inst: Instance, solver, choices) -> tuple[Timeline, Delivery]:
 
 
 def _sequences(inst: Instance, tl: Timeline) -> Sequences:
-    """The order of work on each pool in a timed solution."""
+    """The order of work on each pool in a timed solution. A borrower's encodes keep the slots the
+    solution gave them on the encoder but follow the borrower's sampling order (the sequencer's
+    in-flight rule counts clips in that order)."""
     items: list[list[tuple[float, int]]] = [[] for _ in range(inst.pools)]
     for j in range(inst.n):
         p = tl.pool_of[j]
-        if inst.own[p]:
-            items[p].append((tl.start[j], j))
-        else:
-            items[p].append((tl.start[j], j))
+        items[p].append((tl.start[j], j))
+        if not inst.own[p]:
             items[inst.encoder[p]].append((tl.encoded_at[j], ~j))
-    return [[item for _, item in sorted(lst)] for lst in items]
+    seqs = [[item for _, item in sorted(lst)] for lst in items]
+    for b in inst.borrowers:
+        e = inst.encoder[b]
+        slots = [i for i, item in enumerate(seqs[e]) if item < 0 and tl.pool_of[~item] == b]
+        for i, j in zip(slots, seqs[b], strict=True):
+            seqs[e][i] = ~j
+    return seqs

@@ -27,6 +27,7 @@ from h3flow.pipeline.dispatcher import Dispatcher, PrefectApi, planner_chooser
 from h3flow.pipeline.flows.clip import config_path_or_env
 from h3flow.pipeline.manifest import Manifest, load_manifest, manifest_path, new_manifest, new_run_id, save_manifest
 from h3flow.pipeline.run_report import report_rows, write_run_report
+from h3flow.planner.schedule import Schedule
 
 
 def open_run(batch: str | None, run_id: str | None, config_path: str) -> Manifest:
@@ -63,7 +64,7 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
     progress = cast(
         UUID, create_progress_artifact(progress=0.0, description=f"h3flow run {manifest.run_id}: clips delivered")
     )
-    plan_artifact(manifest, config_path)
+    plan = plan_artifact(manifest, config_path)
     delivered = [len(manifest.delivered)]
 
     def on_change(m: Manifest) -> None:
@@ -74,7 +75,7 @@ def run_batch(batch_file: str | None, run_id: str | None, config_path: str) -> d
     api = PrefectApi()
     try:
         result = Dispatcher(
-            config, config_path, manifest, api, choose=planner_chooser(config), on_change=on_change
+            config, config_path, manifest, api, choose=planner_chooser(config, plan), on_change=on_change
         ).run()
     finally:
         api.close()
@@ -112,8 +113,9 @@ def artifact_key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:60]
 
 
-def plan_artifact(manifest: Manifest, config_path: str) -> None:
-    """The planner's prediction for this batch on this topology: a table and a Gantt chart in the UI."""
+def plan_artifact(manifest: Manifest, config_path: str) -> Schedule | None:
+    """The planner's prediction for this batch on this topology (a table and a Gantt chart in the UI);
+    the dispatcher starts from it."""
     from h3flow.pipeline.manifest import run_dir
     from h3flow.pipeline.plan import plan_for_manifest
     from h3flow.planner.gantt import draw
@@ -122,7 +124,7 @@ def plan_artifact(manifest: Manifest, config_path: str) -> None:
     config = config_at(config_path)
     schedule = plan_for_manifest(manifest, config)
     if schedule is None:
-        return
+        return None
     resources = Resources.from_config(config)
     path = draw(
         schedule,
@@ -135,6 +137,7 @@ def plan_artifact(manifest: Manifest, config_path: str) -> None:
         markdown=f"![planned Gantt chart]({gantt_data_uri(path)})",
         description=f"h3flow run {manifest.run_id}: the plan",
     )
+    return schedule
 
 
 def process_inbox(config_path: str) -> dict[str, Any]:
