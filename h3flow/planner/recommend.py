@@ -28,7 +28,8 @@ from h3flow.planner.timing import PlanClip, Planner
 from h3flow.planner.validate import validate
 
 METHODS = ("best", "earliest-finish", "design")
-PAYOFF_MAX_CLIPS = 48  # batch sizes scanned for "pays off from n clips"
+PAYOFF_SIZES = (*range(1, 17), 20, 24, 32, 40, 48)  # batch sizes scanned for "pays off from n clips"
+PAYOFF_MAX_CLIPS = PAYOFF_SIZES[-1]
 
 
 @dataclass
@@ -118,7 +119,7 @@ class Payoff:
     def sentence(self, threshold: float) -> str:
         pct = f"{threshold * 100:.0f}%"
         if self.steady_gain < threshold:
-            when = f"never {pct} (+{self.steady_gain:.1%} in steady state)"
+            when = f"never {pct} ({self.steady_gain:+.1%} in steady state)"
         elif self.pays_from is None:
             when = f">= {pct} only beyond {PAYOFF_MAX_CLIPS} clips, {self.steady_gain:+.1%} in steady state"
         else:
@@ -211,7 +212,7 @@ def _payoffs(ok: list[Evaluation], rec: Evaluation, threshold: float, clips: Seq
         steady = a.steady / b.steady - 1 if b.steady else 0.0
         gains = {len(clips): a.rate / b.rate - 1}
         if steady >= threshold:
-            for size in range(1, PAYOFF_MAX_CLIPS + 1):
+            for size in PAYOFF_SIZES:
                 gains.setdefault(size, _quick_rate(a, clips, size) / _quick_rate(b, clips, size) - 1)
         pays_from = None
         if steady >= threshold:
@@ -237,7 +238,7 @@ def _quick_rate(ev: Evaluation, clips: Sequence[PlanClip], size: int) -> float:
     span = best.makespan
     if size > 1:
         inst = Instance.of(planner, batch)
-        _, span = improve(inst, from_schedule(inst, best), seconds=0.05, max_evals=200)
+        _, span = improve(inst, from_schedule(inst, best), seconds=0.05, max_evals=100)
     return size * 3600.0 / min(span, best.makespan)
 
 
