@@ -198,3 +198,47 @@ def test_a_live_run_gets_its_planned_stage_times_and_makespan(monkeypatch: pytes
     assert published and published[0][1] is schedule
     tiny = new_manifest("run-2", "demo", [clips[0].model_copy(update={"spec": "tiny"})], "local.json")
     assert live.plan_for_manifest(tiny, config) is None and tiny.planned_makespan is None
+
+
+# --------------------------------------------------------------------------- following the plan, live
+def test_following_the_plan_reproduces_its_assignment_and_adapts_to_a_dead_pool() -> None:
+    from h3flow.planner import FollowPlan, best_schedule, validate
+
+    planner = planner_for("four_four_xtx_plus_one")
+    clips = [PlanClip.make(f"m{i}", s, t) for i, (s, t) in enumerate([("hd", 5), ("sd", 5), ("sd", 2), ("hd", 8)] * 2)]
+    plan = best_schedule(planner, clips, time_limit=0.5).schedule
+    followed = simulate(clips, planner, FollowPlan.of(planner, plan))
+    assert validate(followed, planner, clips) == []
+    assert followed.pool_of == plan.pool_of  # the profile's times: nothing to adapt to
+    assert followed.makespan <= plan.makespan * 1.05
+    follow = FollowPlan.of(planner, plan)
+    xtx_clip = next(c for c in clips if plan.pool_of[c.id] == "xtx")
+    assert follow.choose_pool(xtx_clip, State(full={"xtx"})) is None  # waits for its planned pool
+    assert follow.choose_pool(xtx_clip, State(gone={"xtx"})) in {"a0", "a1"}  # gone: earliest-finish decides
+    a0_clip = next(c for c in clips if plan.pool_of[c.id] == "a0")
+    slow = {("a0", "sample", a0_clip.spec): 5000.0}  # a0 measured far slower than the profile said
+    assert FollowPlan.of(planner, plan).choose_pool(a0_clip, State(measured=slow)) != "a0"
+
+
+def test_the_dispatchers_chooser_starts_from_the_plan() -> None:
+    from h3flow.pipeline.dispatcher import LiveState, planner_chooser
+    from h3flow.planner import best_schedule
+
+    config = adapt(HOST_MAP, "four_four_xtx_plus_one")
+    planner = Planner(PROFILE, Resources.from_config(config))
+    clips = [
+        Clip(id=f"k{i}", prompt="p", image=Path("x.png"), spec=s)
+        for i, s in enumerate(["hd", "sd", "hd", "sd", "sd", "hd"])
+    ]
+    plan = best_schedule(planner, clips, time_limit=0.5).schedule
+    choose = planner_chooser(config, plan)
+    live = LiveState()
+    for clip in clips:
+        pool = plan.pool_of[clip.id]
+        others = [p for p in ("a0", "a1", "xtx") if p != pool]
+        assert choose(clip, others, live, 0.0) is None  # its planned pool is full: it waits
+        assert choose(clip, ["a0", "a1", "xtx"], live, 0.0) == pool
+    live.gone.add("xtx")
+    on_xtx = next(c for c in clips if plan.pool_of[c.id] == "xtx")
+    again = planner_chooser(config, plan)
+    assert again(on_xtx, ["a0", "a1"], live, 0.0) in {"a0", "a1"}  # its planned pool is gone

@@ -3,10 +3,12 @@
 1. The simulator's two policies (earliest-finish and the design's round-robin) give the
    starting schedules; the analytic bound (:mod:`~h3flow.planner.bounds`) may already
    prove the better one optimal.
-2. Local search (:mod:`~h3flow.planner.improve`) improves the better one.
+2. Whole clips of each kind per pool, balanced (:mod:`~h3flow.planner.relax`) from the
+   better heuristic's assignment and from the fractional-load LP's split, give more
+   starting points; the load relaxation, solved exactly, proves a tighter bound and gives
+   one more. Local search (:mod:`~h3flow.planner.improve`) improves the best of them.
 3. CP-SAT (:mod:`~h3flow.planner.solver`), warm-started from the best so far, searches
-   for the rest of the time limit and proves a bound; for large batches the load
-   relaxation (:mod:`~h3flow.planner.relax`) proves the bound instead.
+   for the rest of the time limit and proves a bound (batches of up to ``CP_MAX_CLIPS``).
 
 The result is never worse than the best heuristic: each stage only replaces the
 schedule when it finds a shorter one. ``time_limit=0`` stops after step 1.
@@ -23,7 +25,7 @@ from h3flow.planner.improve import improve
 from h3flow.planner.instance import Instance
 from h3flow.planner.policies import EarliestFinish, RoundRobin
 from h3flow.planner.schedule import Schedule
-from h3flow.planner.sequence import Sequences, from_schedule, makespan, to_schedule
+from h3flow.planner.sequence import Sequences, from_counts, from_schedule, makespan, to_schedule
 from h3flow.planner.timing import ClipLike, Planner
 
 DEFAULT_TIME_LIMIT = 2.0
@@ -36,7 +38,9 @@ TOLERANCE = 1e-6
 @dataclass
 class Best:
     schedule: Schedule  # the best schedule found, validated by the caller
-    method: str  # what found it: "earliest-finish", "design", "local search", "CP-SAT"
+    method: (
+        str  # what found it: "earliest-finish", "design", "load balance", "load relaxation", "local search", "CP-SAT"
+    )
     bound: Bound  # the analytic bound (and the steady-state throughput bound)
     proven: float  # the best proven lower bound, seconds (>= bound.seconds)
     proven_by: str  # "analytic (<binding>)", "load relaxation" or "CP-SAT"
@@ -84,8 +88,27 @@ def best_schedule(
             seqs, current = found, value
             result.schedule, result.method = to_schedule(inst, found, how), how
 
+    # balanced starting points: whole clips per pool from today's assignment and from the LP's split
+    from h3flow.planner.bounds import balanced_counts
+    from h3flow.planner.relax import balance_counts, relaxed_makespan, solve_relaxation
+
+    counts = [balance_counts(inst, c) for c in (counts_of(inst, seqs), balanced_counts(inst))]
+    for c in counts:
+        start = from_counts(inst, c)
+        take(start, makespan(inst, start), "load balance")
+    if inst.n <= RELAX_MAX_CLIPS:  # solved exactly: a tighter bound, and its counts as another start
+        left = deadline - time.perf_counter()
+        hint = min(counts, key=lambda c: relaxed_makespan(inst, c))
+        relaxed = solve_relaxation(inst, left * (0.1 if inst.n <= SMALL else 0.2), workers, hint)
+        if relaxed.bound > result.proven:
+            result.proven, result.proven_by = relaxed.bound, "load relaxation"
+        if relaxed.counts is not None:
+            start = from_counts(inst, relaxed.counts)
+            take(start, makespan(inst, start), "load relaxation")
+    if result.schedule.makespan <= result.proven * (1 + TOLERANCE):
+        return done()
     left = deadline - time.perf_counter()
-    share = 0.2 if inst.n <= SMALL else 0.85 if inst.n <= CP_MAX_CLIPS else 1.0
+    share = 0.2 if inst.n <= SMALL else 0.8 if inst.n <= CP_MAX_CLIPS else 1.0
     found, value = improve(inst, seqs, seconds=left * share, seed=seed)
     take(found, value, "local search")
     if inst.n <= CP_MAX_CLIPS and result.schedule.makespan > result.proven * (1 + TOLERANCE):
@@ -113,10 +136,14 @@ def best_schedule(
                     {c: res.decoders[cp.delivery.decoder[j]].name for j, c in enumerate(ids)},
                 )
                 result.method = "CP-SAT"
-    elif inst.n <= RELAX_MAX_CLIPS:
-        from h3flow.planner.relax import solve_relaxation
-
-        relaxed = solve_relaxation(inst, max(deadline - time.perf_counter(), 0.05))
-        if relaxed.bound > result.proven:
-            result.proven, result.proven_by = relaxed.bound, "load relaxation"
     return done()
+
+
+def counts_of(inst: Instance, seqs: Sequences) -> list[list[int]]:
+    """How many clips of each kind each pool takes in ``seqs``: [pool][kind]."""
+    counts = [[0] * (max(inst.kind) + 1) for _ in range(inst.pools)]
+    for p, seq in enumerate(seqs):
+        for item in seq:
+            if item >= 0:
+                counts[p][inst.kind[item]] += 1
+    return counts

@@ -167,12 +167,11 @@ class FollowPlan:
     """Start from a plan (the solver's schedule) and adapt online.
 
     Each clip goes to the pool the plan gave it, and waits for a free slot there, unless
-    the live state says otherwise: a clip whose planned pool (or its encoder pool) is
-    gone, or that comes back for another attempt, goes where earliest-finish sends it;
-    and a clip goes elsewhere when earliest-finish — with the durations measured so far —
-    finishes it more than ``slack`` sooner on another pool with a free slot (the plan
-    was made from the profile; a pool that turns out slower loses clips to the others).
-    Clips are dispatched in the plan's order of sampling starts.
+    the live state breaks the plan's assumptions: a clip whose planned pool (or its
+    encoder pool) is gone, that comes back for another attempt, or whose planned pool
+    was measured more than ``slack`` slower than the profile the plan was made from,
+    goes where earliest-finish sends it (with the measured durations). Clips are
+    dispatched in the plan's order of sampling starts.
     """
 
     name = "plan"
@@ -197,22 +196,22 @@ class FollowPlan:
     def order(self, clips: Sequence[C]) -> list[C]:
         return sorted(clips, key=lambda c: self.starts.get(c.id, float("inf")))
 
+    def _slower_than_planned(self, pool: str, clip: ClipLike, state: State) -> bool:
+        seen = state.measured.get((pool, "sample", clip.spec))
+        if seen is None:
+            return False
+        p = self.planner.resources.pool(pool)
+        planned = self.planner.profile.sample(p.gpu_model, p.degree, clip.spec, f"pool {pool}").seconds
+        return seen > planned * (1 + self.slack)
+
     def choose_pool(self, clip: ClipLike, state: State) -> str | None:
         planned = self.pool_of.get(clip.id)
         usable = planned is not None and planned in set(_live(self.planner, state))
         again = clip.id in self.sent
-        self.sent.add(clip.id)
-        if not usable or again:
+        if not usable or again or self._slower_than_planned(planned, clip, state):  # type: ignore[arg-type]
+            self.sent.add(clip.id)
             return self.fallback.choose_pool(clip, state)
-        assert planned is not None
-        self.fallback.choose_pool(clip, state)  # projections through every pool, from the live state
-        seen = self.fallback.projections
-        free = [p for p in seen if p not in state.full and p != planned]
-        if free:
-            other = min(free, key=lambda p: seen[p].finished)
-            if seen[other].finished < seen[planned].finished * (1 - self.slack):
-                return other
         if planned in state.full:
-            self.sent.discard(clip.id)  # not sent yet: it waits for its planned pool
-            return None
+            return None  # it waits for its planned pool
+        self.sent.add(clip.id)
         return planned

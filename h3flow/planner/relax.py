@@ -32,7 +32,14 @@ def _down(x: float) -> int:
     return math.floor(x * SCALE + 1e-9)
 
 
-def solve_relaxation(inst: Instance, seconds: float = 0.3, workers: int = 1) -> Relaxation:
+def solve_relaxation(
+    inst: Instance,
+    seconds: float = 0.3,
+    workers: int = 1,
+    hint: list[list[int]] | None = None,
+    stagger: bool = True,
+) -> Relaxation:
+    """Solve the relaxation within ``seconds``; ``hint``: counts to start from ([pool][kind])."""
     from ortools.sat.python import cp_model
 
     n_kinds = max(inst.kind) + 1
@@ -88,7 +95,7 @@ def solve_relaxation(inst: Instance, seconds: float = 0.3, workers: int = 1) -> 
         m.add(makespan >= last_handoff + own_tail).only_enforce_if(used)
         m.add(makespan >= release + own_work + min(tail[p]))  # the same, linear: what the LP relaxation sees
         last.append((used, last_handoff, z))
-    if single_decoder:  # the pools' last clips reach one decoder: it decodes them one after another
+    if single_decoder and stagger:  # the pools' last clips reach one decoder: it decodes them one after another
         for p, (used_p, lp, zp) in enumerate(last):
             behind = []
             for q, (_, lq, zq) in enumerate(last):
@@ -101,9 +108,14 @@ def solve_relaxation(inst: Instance, seconds: float = 0.3, workers: int = 1) -> 
                 m.add(extra == sum(zq[k] * decode[k] for k in kinds)).only_enforce_if(later)
                 m.add(extra == 0).only_enforce_if(later.negated())
                 behind.append(extra)
-            arrive = sum(zp[k] * (transfer[p][k] + decode[k]) for k in kinds)
+            # any of these last clips may be decoded first: it arrives no sooner than L_p + the cheapest transfer
+            arrive = min(min(row) for row in transfer) + sum(zp[k] * decode[k] for k in kinds)
             m.add(makespan >= lp + arrive + sum(behind)).only_enforce_if(used_p)
     m.minimize(makespan)
+    if hint is not None:
+        for p in pools:
+            for k in kinds:
+                m.add_hint(y[p][k], hint[p][k])
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
@@ -114,3 +126,80 @@ def solve_relaxation(inst: Instance, seconds: float = 0.3, workers: int = 1) -> 
         return Relaxation(bound, None, False)
     counts = [[int(solver.value(y[p][k])) for k in kinds] for p in pools]
     return Relaxation(bound, counts, status == cp_model.OPTIMAL)
+
+
+def _tables(inst: Instance) -> tuple[list[list[float]], list[list[float]], list[list[float]], list[float], float]:
+    """Per pool and kind: held time, lent encode, tail; per kind: decode; the cheapest transfer."""
+    n_kinds = max(inst.kind) + 1
+    rep = [inst.kind.index(k) for k in range(n_kinds)]
+    pools, kinds = range(inst.pools), range(n_kinds)
+    held = [[inst.held(rep[k], p) for k in kinds] for p in pools]
+    prep = [[0.0 if inst.own[p] else inst.prep[rep[k]][p] for k in kinds] for p in pools]
+    tail = [
+        [min(inst.transfer[rep[k]][lk] + inst.decode[rep[k]][d] for d, lk in inst.routes[p]) for k in kinds]
+        for p in pools
+    ]
+    decode = [min(inst.decode[rep[k]]) for k in kinds]
+    return held, prep, tail, decode, min(min(row) for row in inst.transfer)
+
+
+def relaxed_makespan(inst: Instance, counts: list[list[int]]) -> float:
+    """The relaxation's makespan for fixed counts (the last clip of each pool its cheapest-to-finish kind)."""
+    held, prep, tail, decode, transfer = _tables(inst)
+    kinds = range(len(decode))
+    worst = 0.0
+    ends: list[tuple[float, float]] = []  # (last handoff, decode of the last clip) of each used pool
+    for p in range(inst.pools):
+        used = [k for k in kinds if counts[p][k]]
+        own = sum(held[p][k] * counts[p][k] for k in kinds)
+        lent = sum(prep[b][k] * counts[b][k] for b in inst.borrowers if inst.encoder[b] == p for k in kinds)
+        if lent:
+            after = min(
+                [min(tail[p])]
+                + [held[b][k] + tail[b][k] for b in inst.borrowers if inst.encoder[b] == p for k in kinds]
+            )
+            worst = max(worst, own + lent + after)
+        if not used:
+            continue
+        last = min(used, key=lambda k: (tail[p][k], decode[k]))
+        release = 0.0 if inst.own[p] else min(prep[p])
+        ends.append((release + own, decode[last]))
+        worst = max(worst, release + own + tail[p][last])
+    if len(inst.decode[0]) == 1:
+        for lp, dp in ends:
+            worst = max(worst, lp + transfer + dp + sum(dq for lq, dq in ends if lq >= lp) - dp)
+    return worst
+
+
+def balance_counts(inst: Instance, counts: list[list[int]]) -> list[list[int]]:
+    """Hill-climb the counts on :func:`relaxed_makespan`: move one clip of a kind between two pools, or
+    exchange clips of two kinds between them."""
+    best = [list(row) for row in counts]
+    value = relaxed_makespan(inst, best)
+    kinds = range(len(best[0]))
+    pairs = [(p, q) for p in range(inst.pools) for q in range(inst.pools) if p != q]
+
+    def moves():
+        for p, q in pairs:
+            for k in kinds:
+                if best[p][k]:
+                    yield ((p, q, k),)
+                    for k2 in kinds:
+                        if k2 != k and best[q][k2]:
+                            yield ((p, q, k), (q, p, k2))
+
+    improved = True
+    while improved:
+        improved = False
+        for move in moves():
+            for p, q, k in move:
+                best[p][k] -= 1
+                best[q][k] += 1
+            v = relaxed_makespan(inst, best)
+            if v < value - 1e-9:
+                value, improved = v, True
+                break
+            for p, q, k in move:
+                best[p][k] += 1
+                best[q][k] -= 1
+    return best
