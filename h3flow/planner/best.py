@@ -51,7 +51,7 @@ class Best:
     @property
     def gap(self) -> float:
         """How much longer than the proven bound the schedule is (0.0: proven optimal)."""
-        return self.schedule.makespan / self.proven - 1 if self.proven > 0 else 0.0
+        return max(0.0, self.schedule.makespan / self.proven - 1) if self.proven > 0 else 0.0
 
 
 def best_schedule(

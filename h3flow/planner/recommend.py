@@ -59,7 +59,7 @@ class Evaluation:
 
     @property
     def gap(self) -> float:
-        return self.schedule.makespan / self.proven - 1 if self.schedule and self.proven else 0.0
+        return max(0.0, self.schedule.makespan / self.proven - 1) if self.schedule and self.proven else 0.0
 
     def decoder_names(self) -> list[str]:
         return [d.name for d in self.candidate.resources.decoders] if self.candidate.resources else []
