@@ -100,6 +100,7 @@ def run_plan(
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),
+        "profile_fitted": list(prof.data.fitted),
         "batch": what,
         "clips": len(plan_clips),
         "policy": policy,
@@ -212,6 +213,13 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
     if modelled:
         console.print("[dim]modelled, not in the profile: " + "; ".join(modelled) + "[/]", soft_wrap=True)
+    if out["profile_fitted"]:
+        console.print(
+            "[dim]fitted to the design's table, not measured: "
+            + ", ".join(out["profile_fitted"])
+            + " (`h3flow calibrate` refits them from real runs)[/]",
+            soft_wrap=True,
+        )
     if rec:
         console.print(f"[bold green]recommended[/]: {rec.sentence}", soft_wrap=True)
     else:

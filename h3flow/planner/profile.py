@@ -71,6 +71,9 @@ class ProfileFile(_Strict):
     clip_seconds: Seconds = 5.0
     scaling: Scaling = Scaling()
     bytes_per_value: Annotated[int, Field(ge=1, le=8)] = Field(4, description="latent element size (fp32)")
+    fitted: list[str] = Field(
+        default_factory=list, description="entries solved to meet a target (the design's table), not measured"
+    )
     handoff: PerSpec
     transfer: Transfer
     gpu: dict[str, GpuTimes]
