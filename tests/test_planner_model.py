@@ -216,7 +216,12 @@ def test_following_the_plan_reproduces_its_assignment_and_adapts_to_a_dead_pool(
     assert follow.choose_pool(xtx_clip, State(full={"xtx"})) is None  # waits for its planned pool
     assert follow.choose_pool(xtx_clip, State(gone={"xtx"})) in {"a0", "a1"}  # gone: earliest-finish decides
     a0_clip = next(c for c in clips if plan.pool_of[c.id] == "a0")
-    slow = {("a0", "sample", a0_clip.spec): 5000.0}  # a0 measured far slower than the profile said
+    t = {p: planner.sampler_times(a0_clip, planner.resources.pool(p)).total for p in ("a0", "a1")}
+    uniform = {("a0", "sample", a0_clip.spec): t["a0"] * 1.5, ("a1", "sample", a0_clip.spec): t["a1"] * 1.5}
+    assert (
+        FollowPlan.of(planner, plan).choose_pool(a0_clip, State(measured=uniform)) == "a0"
+    )  # all alike: the plan holds
+    slow = {**uniform, ("a0", "sample", a0_clip.spec): t["a0"] * 5}  # a0 far slower than the others, against the plan
     assert FollowPlan.of(planner, plan).choose_pool(a0_clip, State(measured=slow)) != "a0"
 
 

@@ -19,7 +19,6 @@ from h3flow.planner.sequence import Sequences, evaluate
 
 Key = tuple[float, ...]
 EPS = 1e-6
-TRACE: list | None = None
 
 
 def key_of(inst: Instance, seqs: Sequences) -> Key | None:
@@ -194,8 +193,6 @@ def late_acceptance(
             finish = _finish(inst, current)
             if k < best_key:
                 best, best_key = cand, k
-                if TRACE is not None:
-                    TRACE.append((time.perf_counter() - deadline + seconds, step, k[0]))
         if current_key[0] < past[slot]:
             past[slot] = current_key[0]
     return best, best_key

@@ -169,7 +169,7 @@ class FollowPlan:
     Each clip goes to the pool the plan gave it, and waits for a free slot there, unless
     the live state breaks the plan's assumptions: a clip whose planned pool (or its
     encoder pool) is gone, that comes back for another attempt, or whose planned pool
-    was measured more than ``slack`` slower than the profile the plan was made from,
+    was measured more than ``slack`` slower, relative to the plan, than another pool,
     goes where earliest-finish sends it (with the measured durations). Clips are
     dispatched in the plan's order of sampling starts.
     """
@@ -197,12 +197,19 @@ class FollowPlan:
         return sorted(clips, key=lambda c: self.starts.get(c.id, float("inf")))
 
     def _slower_than_planned(self, pool: str, clip: ClipLike, state: State) -> bool:
-        seen = state.measured.get((pool, "sample", clip.spec))
-        if seen is None:
-            return False
-        p = self.planner.resources.pool(pool)
-        planned = self.planner.profile.sample(p.gpu_model, p.degree, clip.spec, f"pool {pool}").seconds
-        return seen > planned * (1 + self.slack)
+        """The pool's measured time against the plan's is more than ``slack`` worse than the best pool's
+        (a ratio, so overheads every pool pays alike — process start-up, the API — do not count)."""
+
+        def ratio(name: str) -> float | None:
+            seen = state.measured.get((name, "sample", clip.spec))
+            if seen is None:
+                return None
+            t = self.planner.sampler_times(clip, self.planner.resources.pool(name))
+            return seen / t.total
+
+        mine = ratio(pool)
+        others = [r for p in self.planner.resources.samplers if p.name != pool and (r := ratio(p.name)) is not None]
+        return mine is not None and bool(others) and mine > min(others) * (1 + self.slack)
 
     def choose_pool(self, clip: ClipLike, state: State) -> str | None:
         planned = self.pool_of.get(clip.id)
