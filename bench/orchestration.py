@@ -77,7 +77,7 @@ def main() -> None:
             executed = (manifest.finished or 0) - (manifest.started or 0)
             raw, _ = fit(config, [manifest])
             profile = parse_profile(raw)
-            planner = Planner(profile, Resources.from_config(config, profile.encoder_vram_gb))
+            planner = Planner(profile, Resources.from_config(config))
             clips = [PlanClip.of(rec.clip) for rec in manifest.clips.values()]
             planned = simulate(clips, planner, make_policy("best", planner)).makespan
             overhead_ms = 1000 * manifest.dispatch_overhead_s / n

@@ -64,6 +64,8 @@ def test_a_pools_cost_per_clip_is_its_measured_throughput() -> None:
     # decoder: 5 clips from the first submission (994) to the last delivery (1060): 13.2 s each, minus mux 0.5
     assert profile.decode("RTX 3080 Ti", "sd", "t") == pytest.approx(66.0 / 5 - 0.5, abs=1e-3)
     assert any("median of 5 clips" in n for n in notes)
+    # measured now: no longer listed as fitted to the design's table; the rest still are
+    assert "gpu.T10.sample.sd.4" not in profile.data.fitted and "gpu.T10.sample.hd.4" in profile.data.fitted
 
 
 def test_runs_without_a_timeline_use_the_stage_seconds() -> None:

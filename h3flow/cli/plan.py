@@ -16,10 +16,10 @@ from h3flow.config.models import HostMap, load_host_map, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
 from h3flow.core.specs import get_spec
+from h3flow.planner.best import DEFAULT_TIME_LIMIT
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
-from h3flow.planner.recommend import BASELINE_WHY, Evaluation, evaluate, recommend, report_json
+from h3flow.planner.recommend import BASELINE_WHY, METHODS, Evaluation, evaluate, recommend, report_json
 from h3flow.planner.search import baseline, candidates
-from h3flow.planner.simulate import POLICIES
 from h3flow.planner.timing import PlanClip
 
 DEFAULT_CLIPS = 6
@@ -72,60 +72,69 @@ def run_plan(
     host_map: Path | None = None,
     config: Path | None = None,
     policy: str = "best",
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    compare: Path | None = None,
 ) -> dict:
-    if policy not in POLICIES:
-        raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    if policy not in METHODS:
+        raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(METHODS)})")
     if not 0 <= threshold < 10:
         raise ConfigError(f"--threshold {threshold} is not a fraction such as 0.15")
-    if gantt is not None and gantt.suffix.lower() != ".png":
-        raise ConfigError(f"--gantt {gantt}: the chart is a PNG; name the file *.png")
+    if not 0 <= time_limit <= 3600:
+        raise ConfigError(f"--time-limit {time_limit}: give seconds from 0 (heuristics only) to 3600")
+    for flag, path in (("--gantt", gantt), ("--compare", compare)):
+        if path is not None and path.suffix.lower() != ".png":
+            raise ConfigError(f"{flag} {path}: the chart is a PNG; name the file *.png")
     hm, source, current = hardware(host_map, config)
     plan_clips, what = batch_clips(spec, batch, clips)
     prof = load_profile(profile)
     cands = candidates(hm, topology, prof)
-    evals = [evaluate(c, plan_clips, prof, policy) for c in cands]
+    evals = [evaluate(c, plan_clips, prof, policy, time_limit=time_limit) for c in cands]
     base_cand = baseline(hm, prof)
     same = [
         e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)
     ]
     base = same[0] if same else None
     if base is None:
-        base = evaluate(base_cand, plan_clips, prof, policy)
-    rec = recommend(evals, threshold)
+        base = evaluate(base_cand, plan_clips, prof, policy, time_limit=time_limit)
+    rec = recommend(evals, threshold, plan_clips)
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),
+        "profile_fitted": list(prof.data.fitted),
         "batch": what,
         "clips": len(plan_clips),
         "policy": policy,
+        "time_limit_s": time_limit,
         "threshold": threshold,
         "current_topology": current,
     }
     out = report_json(evals, base, rec, meta)
-    if gantt:
-        target = next((e for e in evals if rec and e.name == rec.name), None) or next(
-            (e for e in evals if e.schedule), None
-        )
-        if target is None or target.schedule is None:
+    target = next((e for e in evals if rec and e.name == rec.name), None) or next(
+        (e for e in evals if e.schedule), None
+    )
+    if gantt or compare:
+        if target is None or target.schedule is None or target.design is None:
             raise ConfigError("no feasible topology to draw")
-        from h3flow.planner.gantt import draw
+        from h3flow.planner.gantt import draw, draw_comparison
 
-        title = (
-            f"{target.name} — {what} — policy {target.schedule.policy} — "
-            f"{target.schedule.makespan:.1f} s, {target.schedule.clips_per_hour:.2f} clips/h"
-        )
-        assert target.candidate.resources is not None  # a recommended topology is feasible
-        try:
-            draw(
-                target.schedule,
-                target.candidate.resources,
-                gantt,
-                title,
-                target.bound.seconds if target.bound else None,
-            )
-        except OSError as exc:
-            raise ConfigError(f"--gantt {gantt}: cannot write: {exc}") from None
-        out["gantt"] = {"topology": target.name, "path": str(gantt)}
+        resources = target.candidate.resources
+        assert resources is not None  # a recommended topology is feasible
+        s = target.schedule
+        title = f"{target.name} — {what} — {target.method} — {s.makespan:.1f} s, {s.clips_per_hour:.2f} clips/h"
+        for flag, path in (("--gantt", gantt), ("--compare", compare)):
+            if path is None:
+                continue
+            try:
+                if path is gantt:
+                    draw(s, resources, path, title, target.proven)
+                else:
+                    draw_comparison(target.design, s, resources, path, f"{target.name} — {what}", target.proven)
+            except OSError as exc:
+                raise ConfigError(f"{flag} {path}: cannot write: {exc}") from None
+        if gantt:
+            out["gantt"] = {"topology": target.name, "path": str(gantt)}
+        if compare:
+            out["compare"] = {"topology": target.name, "path": str(compare)}
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
@@ -142,7 +151,8 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
         console = Console(highlight=False, width=160)
     console.print(
-        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} · profile {out['profile']}",
+        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} "
+        f"(time limit {out['time_limit_s']:g} s per topology) · profile {out['profile']}",
         soft_wrap=True,
     )
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -150,10 +160,12 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
         ("topology", "left"),
         ("makespan s", "right"),
         ("clips/h", "right"),
+        ("steady", "right"),
         ("vs baseline", "right"),
-        ("design RR clips/h", "right"),
-        ("lower bound s", "right"),
-        ("÷ LB", "right"),
+        ("design RR", "right"),
+        ("bound s", "right"),
+        ("gap", "right"),
+        ("found by", "left"),
         ("decoder idle", "left"),
     ]:
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -168,17 +180,18 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
             ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
         )
         idle = "  ".join(
-            f"{d} {pct:.0f}% (gaps after first {r['decoder_idle_gaps_s'][d]:.0f} s)"
-            for d, pct in r["decoder_idle_pct"].items()
+            f"{d} {pct:.0f}%, gaps {r['decoder_idle_gaps_s'][d]:.0f} s" for d, pct in r["decoder_idle_pct"].items()
         )
         table.add_row(
             _label(ev, rec, out),
             f"{r['makespan_s']:.1f}",
             f"{r['clips_per_hour']:.2f}",
+            f"{r['steady_state_clips_per_hour']:.2f}",
             "baseline" if is_base else (f"{gain:+.1%}" if gain is not None else "—"),
             f"{r['design_policy']['clips_per_hour']:.2f}",
-            f"{r['lower_bound_s']:.1f}",
-            f"{r['makespan_over_lower_bound']:.3f}",
+            f"{r['proven_bound_s']:.1f}",
+            "optimal" if r["gap"] <= 1e-4 else f"{r['gap']:.2%}",
+            ev.method,
             idle,
         )
     console.print(table)
@@ -200,12 +213,31 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> N
     modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
     if modelled:
         console.print("[dim]modelled, not in the profile: " + "; ".join(modelled) + "[/]", soft_wrap=True)
+    if out["profile_fitted"]:
+        console.print(
+            "[dim]fitted to the design's table, not measured: "
+            + ", ".join(out["profile_fitted"])
+            + " (`h3flow calibrate` refits them from real runs)[/]",
+            soft_wrap=True,
+        )
     if rec:
         console.print(f"[bold green]recommended[/]: {rec.sentence}", soft_wrap=True)
     else:
         console.print("[bold red]no topology can run this batch on this hardware[/]", soft_wrap=True)
+    console.print(
+        "[dim]clips/h at this batch size; steady: clips/h a long batch of this mix approaches (the throughput "
+        "bound); design RR: clips/h under the design's round-robin; bound: proven lower bound on the makespan "
+        "(no schedule is shorter), gap: how much longer the plan is; decoder idle: share of the makespan, and "
+        "idle time between its first and last clip[/]",
+        soft_wrap=True,
+    )
     if "gantt" in out:
         console.print(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}", soft_wrap=True)
+    if "compare" in out:
+        console.print(
+            f"design's round-robin against the plan, {out['compare']['topology']}: {out['compare']['path']}",
+            soft_wrap=True,
+        )
 
 
 def _label(ev: Evaluation, rec, out: dict) -> str:
@@ -237,9 +269,19 @@ def plan(
     config: Annotated[
         Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")
     ] = None,
-    policy: Annotated[str, typer.Option(help="best | earliest-finish | design (the design's round-robin).")] = "best",
+    policy: Annotated[
+        str,
+        typer.Option(help="best (heuristics + local search + CP-SAT) | earliest-finish | design (round-robin)."),
+    ] = "best",
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Seconds of search per topology for 'best' (0: heuristics only).")
+    ] = DEFAULT_TIME_LIMIT,
+    compare: Annotated[
+        Optional[Path],
+        typer.Option(help="Write the design's round-robin and the chosen schedule, one above the other (PNG)."),
+    ] = None,
 ) -> None:
-    """Step 3: simulate topologies offline and recommend one (Gantt chart, lower bound)."""
+    """Step 3: plan topologies offline (schedule, proven bound, gap) and recommend one."""
     run_plan(
         spec=spec,
         batch=batch,
@@ -252,6 +294,8 @@ def plan(
         host_map=host_map,
         config=config,
         policy=policy,
+        time_limit=time_limit,
+        compare=compare,
     )
 
 

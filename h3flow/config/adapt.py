@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from h3flow.config.encoders import assign_encoders
 from h3flow.config.models import (
     EngineName,
     Gpu,
@@ -118,7 +119,6 @@ def resolve_pools(hm: HostMap, topo: Topology) -> list[Pool]:
         name = stem if len(sizes) == 1 else f"{stem}{i}"
         pools.append(_pool(hm, main, name, "sample", gpus[start : start + size], main.comfy_port + i, None))
         start += size
-    encoder = pools[0].name
     extras = [h for h in hm.hosts if "sample" in h.roles and h is not main]
     if topo.extra_samplers:
         if not extras:
@@ -126,8 +126,12 @@ def resolve_pools(hm: HostMap, topo: Topology) -> list[Pool]:
                 f"topology {topo.name!r} adds an extra sampler (xtx) but no other host has the 'sample' role"
             )
         for host in extras:
-            own_encoder = None if "encode" in host.roles else encoder
-            pools.append(_pool(hm, host, short_name(host.name), "sample", host.gpus, host.comfy_port, own_encoder))
+            pools.append(_pool(hm, host, short_name(host.name), "sample", host.gpus, host.comfy_port, None))
+    try:
+        encoders = assign_encoders(pools, {h.name: h.roles for h in hm.hosts}, hm.model.encoder_vram_gb, main.name)
+    except ConfigError as exc:
+        raise ConfigError(f"topology {topo.name!r}: {exc}") from None
+    pools = [p.model_copy(update={"encoder_pool": encoders[p.name]}) for p in pools]
     decoders = [h for h in hm.hosts if "decode" in h.roles]
     if not decoders:
         raise ConfigError("no host has the 'decode' role: nothing can decode")
@@ -141,9 +145,6 @@ def resolve_pools(hm: HostMap, topo: Topology) -> list[Pool]:
             if any(p.name == name for p in pools):
                 name = f"{name}-dec"
             pools.append(_pool(hm, host, name, "decode", [gpu], host.comfy_port + len(taken) + j, None))
-    for pool in pools:  # sampler pools fill encoder_pool with themselves when they can encode
-        if pool.role == "sample" and pool.encoder_pool is None:
-            pools[pools.index(pool)] = pool.model_copy(update={"encoder_pool": pool.name})
     return pools
 
 
@@ -285,6 +286,7 @@ def local_host_map(
             vae="reference-int8",
             dit_vram_gb=0.1,
             vae_vram_gb=0.1,
+            encoder_vram_gb=0.1,
         ),
         hosts=[
             host("host-a", ["encode", "sample"], cpu, comfy_a),

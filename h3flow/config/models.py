@@ -136,6 +136,10 @@ class Model(Strict):
     audio_vae: str = "minimax_h3_audio_vae_fp32.safetensors"
     dit_vram_gb: Annotated[float, Field(ge=0)] = 20.0
     vae_vram_gb: Annotated[float, Field(ge=0)] = 6.0
+    encoder_vram_gb: Annotated[float, Field(ge=0)] = Field(
+        40.0,
+        description="VRAM a pool needs to hold the text encoder; smaller pools borrow one (h3flow.config.encoders)",
+    )
     steps: Annotated[int, Field(ge=1, le=100)] = 6
     sampler: str = "euler"
     scheduler: str = "simple"

@@ -23,7 +23,7 @@ from h3flow.config.models import LocalConfig
 from h3flow.core.contracts import artifact_key
 from h3flow.pipeline.manifest import Manifest, run_dir
 from h3flow.pipeline.run_report import report_rows
-from h3flow.planner.simulate import Schedule
+from h3flow.planner.schedule import Schedule
 
 log = logging.getLogger(__name__)
 GANTT_MAX_CLIPS = 200  # a larger plan is a table only: drawing thousands of bars is slow and unreadable
@@ -34,10 +34,9 @@ def gantt_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def publish_plan(manifest: Manifest, schedule: Schedule, config: LocalConfig) -> None:
+def publish_plan(manifest: Manifest, schedule: Schedule, config: LocalConfig, proven: float | None = None) -> None:
     """The planner's prediction for this batch: a table per clip and (up to a size) a Gantt chart."""
     from h3flow.planner.gantt import draw
-    from h3flow.planner.profile import load_profile
     from h3flow.planner.resources import Resources
 
     rows = []
@@ -56,11 +55,11 @@ def publish_plan(manifest: Manifest, schedule: Schedule, config: LocalConfig) ->
         key=artifact_key("plan", manifest.run_id),
         table=rows,
         description=f"planned ({schedule.policy}): makespan {schedule.makespan:.1f} s, "
-        f"{schedule.clips_per_hour:.2f} clips/h",
+        f"{schedule.clips_per_hour:.2f} clips/h" + (f"; proven bound {proven:.1f} s" if proven else ""),
     )
     if len(manifest.clips) > GANTT_MAX_CLIPS:
         return
-    resources = Resources.from_config(config, load_profile().encoder_vram_gb)
+    resources = Resources.from_config(config)
     path = draw(
         schedule,
         resources,

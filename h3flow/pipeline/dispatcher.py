@@ -30,6 +30,7 @@ from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.manifest import HEARTBEAT_S, ClipRecord, ClipState, Manifest
 from h3flow.pipeline.prefect_api import UNAVAILABLE
 from h3flow.pipeline.results import FailureKind, StageResult
+from h3flow.planner.schedule import Schedule
 
 POLL = 0.5
 API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
@@ -89,7 +90,7 @@ class LiveState:
         return sum(others) / len(others) if others else DEFAULT_SECONDS[kind]
 
 
-Chooser = Callable[[Clip, list[str], LiveState, float], str]
+Chooser = Callable[[Clip, list[str], LiveState, float], str | None]  # None: not yet (its planned pool is full)
 
 
 def earliest_finish(clip: Clip, pools: list[str], state: LiveState, now: float) -> str:
@@ -99,23 +100,25 @@ def earliest_finish(clip: Clip, pools: list[str], state: LiveState, now: float) 
     )
 
 
-def planner_chooser(config: LocalConfig) -> Chooser:
-    """The planner's earliest-finish policy on the live state (profile times until measured ones exist).
+def planner_chooser(config: LocalConfig, plan: Schedule | None = None) -> Chooser:
+    """The planner's policy on the live state (profile times until measured ones exist): the plan's
+    pool for each clip when a plan is given (adapted online: dead pools, measured durations), else
+    earliest-finish.
 
     Falls back to :func:`earliest_finish` on measured times alone when the profile does
     not cover this cluster's devices.
     """
-    from h3flow.planner import Planner, Resources, State, load_profile, make_policy
+    from h3flow.planner import FollowPlan, Planner, Resources, State, load_profile, make_policy
 
     try:
         profile = load_profile()
-        planner = Planner(profile, Resources.from_config(config, profile.encoder_vram_gb))
+        planner = Planner(profile, Resources.from_config(config))
     except H3FlowError:
         return earliest_finish
-    policy = make_policy("earliest-finish", planner)
+    policy = FollowPlan.of(planner, plan) if plan is not None else make_policy("earliest-finish", planner)
     samplers = {p.name for p in config.samplers}
 
-    def choose(clip: Clip, free: list[str], live: LiveState, now: float) -> str:
+    def choose(clip: Clip, free: list[str], live: LiveState, now: float) -> str | None:
         state = State(
             busy_until={name: max(0.0, t - now) for name, t in live.busy_until.items()},
             gone=set(live.gone),
@@ -126,6 +129,8 @@ def planner_chooser(config: LocalConfig) -> Chooser:
             chosen = policy.choose_pool(clip, state)
         except H3FlowError:
             chosen = None
+        if chosen is None and plan is not None and clip.id in plan.pool_of:
+            return None  # its planned pool has no free slot yet: the clip waits for it
         return chosen if chosen in free else earliest_finish(clip, free, live, now)
 
     return choose
@@ -320,6 +325,8 @@ class Dispatcher:
                 break
             now = self.api.now()
             pool = self.choose(rec.clip, free, self.state, now)
+            if pool is None:
+                continue
             decoder = self.pick_decoder()
             self.dirty.add(rec.clip.id)
             rec.state, rec.pool, rec.decoder = "sampling", pool, decoder

@@ -105,12 +105,11 @@ def write_run_report(manifest: Manifest, config: LocalConfig) -> dict[str, Path]
     atomic_write_text(paths["md"], "\n".join(lines))
     try:
         from h3flow.planner.gantt import draw
-        from h3flow.planner.profile import load_profile
         from h3flow.planner.resources import Resources
 
         schedule = executed_schedule(manifest, config)
         if schedule.runs:
-            resources = Resources.from_config(config, load_profile().encoder_vram_gb)
+            resources = Resources.from_config(config)
             paths["gantt"] = draw(
                 schedule,
                 resources,

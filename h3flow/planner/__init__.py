@@ -1,18 +1,22 @@
-"""The offline planner: simulate a batch over a topology, bound it, recommend a topology.
+"""The offline planner: schedule a batch over a topology, prove a bound, recommend a topology.
 
-No network, no GPU, no torch: it imports pydantic and the standard library (matplotlib
-only when drawing a Gantt chart).
+No network, no GPU, no torch: it imports pydantic, OR-Tools (CP-SAT and GLOP) and the
+standard library (matplotlib only when drawing a Gantt chart).
 
 API (the live dispatcher calls the policies with its own state)::
 
-    from h3flow.planner import (Planner, Resources, State, load_profile, make_policy,
-                                simulate, lower_bound, validate)
+    from h3flow.planner import (Planner, Resources, State, best_schedule, load_profile,
+                                make_policy, simulate, lower_bound, validate, FollowPlan)
+
+    best = best_schedule(planner, clips, time_limit=2.0)  # heuristics + local search + CP-SAT
+    best.schedule, best.proven, best.gap, best.method     # the schedule, its proven bound, the gap
+    follow = FollowPlan.of(planner, best.schedule)        # a policy: the plan's pools, adapted live
 
     profile = load_profile()                      # or load_profile(Path("my-profile.toml"))
-    resources = Resources.from_config(local_config, profile.encoder_vram_gb)
+    resources = Resources.from_config(local_config)
     planner = Planner(profile, resources)         # stage durations of clips on these pools
 
-    policy = make_policy("earliest-finish", planner)   # or "design" (round-robin), "best"
+    policy = make_policy("earliest-finish", planner)   # or "design" (round-robin)
     pool = policy.choose_pool(clip, State(
         busy_until={"a0": 40.0, "a1": 0.0, "xtx": 95.5, "host-a->host-b": 0.0, "b": 12.0},
         gone={"xtx"},                             # pools whose worker died
@@ -39,9 +43,11 @@ API (the live dispatcher calls the policies with its own state)::
 
 from __future__ import annotations
 
+from h3flow.planner.best import Best, best_schedule
 from h3flow.planner.bounds import Bound, lower_bound
 from h3flow.planner.policies import (
     EarliestFinish,
+    FollowPlan,
     Policy,
     Projection,
     RoundRobin,
@@ -54,7 +60,6 @@ from h3flow.planner.simulate import (
     AHEAD,
     POLICIES,
     STAGES,
-    BestOf,
     Schedule,
     StageRun,
     clips_of,
@@ -69,10 +74,11 @@ __all__ = [
     "DEFAULT_PROFILE",
     "POLICIES",
     "STAGES",
-    "BestOf",
+    "Best",
     "Bound",
     "Decoder",
     "EarliestFinish",
+    "FollowPlan",
     "Link",
     "PlanClip",
     "Planner",
@@ -86,6 +92,7 @@ __all__ = [
     "Schedule",
     "StageRun",
     "State",
+    "best_schedule",
     "clips_of",
     "load_profile",
     "lower_bound",

@@ -49,6 +49,7 @@ def fit_profile(
         raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("sample", {}).setdefault(spec, {})[str(degree)] = (
             value
         )
+        _measured(raw, f"gpu.{model}.sample.{spec}.{degree}")
         notes.append(
             f"gpu.{model}.sample.{spec}.{degree} = {value} s (median of {len(seconds)} clips held {held:.2f} s)"
         )
@@ -59,10 +60,17 @@ def fit_profile(
         held = statistics.median(seconds)
         value = round(max(held - lookup(profile.mux, model, spec, "calibrate"), MIN_SECONDS), 3)
         raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("decode", {})[spec] = value
+        _measured(raw, f"gpu.{model}.decode.{spec}")
         notes.append(f"gpu.{model}.decode.{spec} = {value} s (median of {len(seconds)} clips held {held:.2f} s)")
     if not notes:
         raise ConfigError("nothing to calibrate: the runs have no executed (uncached) stages")
     return raw, notes
+
+
+def _measured(raw: dict[str, Any], entry: str) -> None:
+    """A calibrated entry is measured now: no longer listed as fitted."""
+    if entry in raw.get("fitted", []):
+        raw["fitted"] = [e for e in raw["fitted"] if e != entry]
 
 
 def lookup(get: Any, *args: Any) -> float:
@@ -87,6 +95,8 @@ def to_toml(data: dict[str, Any], header: str) -> str:
             return repr(v)
         if isinstance(v, str):
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
         raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
     def emit(table: dict[str, Any], path: list[str]) -> None:

@@ -10,10 +10,8 @@ The simulator builds the same state from its own projections.
   link, the decoder queue) and picks the one whose video would be finished first (it
   waits for a full pool when that pool would still finish first); it dispatches the
   batch longest-first so short clips fill the gaps at the end.
-- :class:`BestOf` (the planner's default, ``best``) simulates the batch under each of
-  its candidates (earliest-finish, then the design's) and behaves as the one that
-  finishes it first: a greedy rule can lose to round-robin on some batches, a plan
-  that checks both never does.
+- :class:`FollowPlan` starts from a plan (the solver's schedule: its pool per clip) and
+  adapts online — dead pools, durations measured so far — through earliest-finish.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from h3flow.core.errors import ConfigError
+from h3flow.planner.schedule import Schedule
 from h3flow.planner.timing import ClipLike, Measured, Planner
 
 C = TypeVar("C", bound=ClipLike)
@@ -162,3 +161,64 @@ class EarliestFinish:
                 best, choice = key, name
         # a full pool that would still finish first is worth waiting for
         return None if choice in state.full else choice
+
+
+class FollowPlan:
+    """Start from a plan (the solver's schedule) and adapt online.
+
+    Each clip goes to the pool the plan gave it, and waits for a free slot there, unless
+    the live state breaks the plan's assumptions: a clip whose planned pool (or its
+    encoder pool) is gone, that comes back for another attempt, or whose planned pool
+    was measured more than ``slack`` slower, relative to the plan, than another pool,
+    goes where earliest-finish sends it (with the measured durations). Clips are
+    dispatched in the plan's order of sampling starts.
+    """
+
+    name = "plan"
+
+    def __init__(self, planner: Planner, pool_of: Mapping[str, str], starts: Mapping[str, float], slack: float = 0.1):
+        self.planner = planner
+        self.pool_of = dict(pool_of)
+        self.starts = dict(starts)
+        self.slack = slack
+        self.fallback = EarliestFinish(planner)
+        self.sent: set[str] = set()
+
+    @classmethod
+    def of(cls, planner: Planner, schedule: Schedule, slack: float = 0.1) -> FollowPlan:
+        starts = {r.clip: r.start for r in schedule.runs if r.stage == "sample"}
+        return cls(planner, schedule.pool_of, starts, slack)
+
+    def reset(self) -> None:
+        self.sent = set()
+        self.fallback.reset()
+
+    def order(self, clips: Sequence[C]) -> list[C]:
+        return sorted(clips, key=lambda c: self.starts.get(c.id, float("inf")))
+
+    def _slower_than_planned(self, pool: str, clip: ClipLike, state: State) -> bool:
+        """The pool's measured time against the plan's is more than ``slack`` worse than the best pool's
+        (a ratio, so overheads every pool pays alike — process start-up, the API — do not count)."""
+
+        def ratio(name: str) -> float | None:
+            seen = state.measured.get((name, "sample", clip.spec))
+            if seen is None:
+                return None
+            t = self.planner.sampler_times(clip, self.planner.resources.pool(name))
+            return seen / t.total
+
+        mine = ratio(pool)
+        others = [r for p in self.planner.resources.samplers if p.name != pool and (r := ratio(p.name)) is not None]
+        return mine is not None and bool(others) and mine > min(others) * (1 + self.slack)
+
+    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
+        planned = self.pool_of.get(clip.id)
+        usable = planned is not None and planned in set(_live(self.planner, state))
+        again = clip.id in self.sent
+        if not usable or again or self._slower_than_planned(planned, clip, state):  # type: ignore[arg-type]
+            self.sent.add(clip.id)
+            return self.fallback.choose_pool(clip, state)
+        if planned in state.full:
+            return None  # it waits for its planned pool
+        self.sent.add(clip.id)
+        return planned

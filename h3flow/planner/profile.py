@@ -7,6 +7,14 @@ comments derive every number from the design's measurements). Times are for a cl
 Sampling times for Ulysses degrees that the file does not list come from Amdahl's law,
 ``S(d) = S1 * (f + (1 - f) / d)``: the serial fraction ``f`` is fitted from two listed
 degrees of the same GPU model (any spec), else taken from ``[scaling] serial_fraction``.
+
+Clip length: sampling follows a cost model in latent tokens N (latent frames x H/16 x
+W/16, i.e. frames and pixels), ``S(N) = F + L*N + A*N^2`` per GPU model: A is
+attention's superlinear term (full attention over all tokens), F a fixed per-clip cost.
+Both are fitted from the GPU's two listed resolutions: a time ratio above the token
+ratio is read as attention (F = 0), one below it as a fixed cost (A = 0); a GPU with one
+listed resolution takes ``[scaling] attention_share``. Latent sizes (handoff, transfer)
+are exact, from H3's latent layout; decode and mux scale with the latent frames.
 Every looked-up number says whether it was listed or modelled, so reports can flag
 conclusions that rest on modelled points.
 """
@@ -24,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from h3flow.core.errors import ConfigError
 from h3flow.core.jsonio import format_validation_error
 from h3flow.core.paths import DATA_DIR
-from h3flow.core.specs import frames_for_seconds, latent_frames
+from h3flow.core.specs import frames_for_seconds, get_spec, latent_frames
 
 DEFAULT_PROFILE = DATA_DIR / "profile-default.toml"
 
@@ -46,13 +54,12 @@ class GpuTimes(_Strict):
     mux: PerSpec = Field(default_factory=dict)
 
 
-class Encoder(_Strict):
-    vram_gb: Annotated[float, Field(ge=0)] = Field(description="VRAM a pool needs to hold the text encoder")
-
-
 class Scaling(_Strict):
     model: Literal["amdahl"] = "amdahl"
     serial_fraction: Annotated[float, Field(ge=0, le=1)] = 0.2
+    attention_share: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.05, description="attention's share of a reference clip's sampling, for a GPU with one listed resolution"
+    )
 
 
 class Transfer(_Strict):
@@ -62,9 +69,11 @@ class Transfer(_Strict):
 class ProfileFile(_Strict):
     version: Literal[1] = 1
     clip_seconds: Seconds = 5.0
-    encoder: Encoder
     scaling: Scaling = Scaling()
-    latent_mb: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    bytes_per_value: Annotated[int, Field(ge=1, le=8)] = Field(4, description="latent element size (fp32)")
+    fitted: list[str] = Field(
+        default_factory=list, description="entries solved to meet a target (the design's table), not measured"
+    )
     handoff: PerSpec
     transfer: Transfer
     gpu: dict[str, GpuTimes]
@@ -103,13 +112,23 @@ class Profile:
         return table[spec]
 
     def length_factor(self, frames: int) -> float:
-        """How much longer than the profile's reference clip a clip of ``frames`` is."""
+        """How much longer than the profile's reference clip a clip of ``frames`` is (latent frames)."""
         return latent_frames(frames) / self._ref_latent
 
-    # ------------------------------------------------------------------ lookups
     @property
-    def encoder_vram_gb(self) -> float:
-        return self.data.encoder.vram_gb
+    def reference_frames(self) -> int:
+        return frames_for_seconds(self.data.clip_seconds)
+
+    def latent_bytes(self, spec: str, frames: int) -> int:
+        """The exact size of a latent file's tensors (H3's video + audio latents)."""
+        layout = get_spec(spec)
+        return self.data.bytes_per_value * (
+            math.prod(layout.video_shape(frames)) + math.prod(layout.audio_shape(frames))
+        )
+
+    def size_factor(self, spec: str, frames: int) -> float:
+        """A latent of ``frames`` against one of the reference length (same spec), by bytes."""
+        return self.latent_bytes(spec, frames) / self.latent_bytes(spec, self.reference_frames)
 
     def encode(self, model: str, spec: str, why: str) -> float:
         return self._per_spec(model, "encode", spec, why)
@@ -128,11 +147,9 @@ class Profile:
             raise self._missing(f"handoff.{spec}", why)
         return self.data.handoff[spec]
 
-    def transfer(self, spec: str, gbit_s: float, why: str) -> float:
-        """Fixed overhead plus the latent's bytes over the link's bandwidth."""
-        if spec not in self.data.latent_mb:
-            raise self._missing(f"latent_mb.{spec}", why)
-        return self.data.transfer.overhead_s + self.data.latent_mb[spec] * 8e-3 / gbit_s
+    def transfer(self, spec: str, frames: int, gbit_s: float) -> float:
+        """Fixed overhead plus the latent's exact bytes over the link's bandwidth."""
+        return self.data.transfer.overhead_s + self.latent_bytes(spec, frames) * 8 / (gbit_s * 1e9)
 
     def serial_fraction(self, model: str) -> tuple[float, str]:
         """Amdahl's serial fraction for a GPU model: fitted from two listed degrees, else the default."""
@@ -157,6 +174,67 @@ class Profile:
         near = min(points, key=lambda d: (abs(math.log(d / degree)), d))
         amdahl = (f + (1 - f) / degree) / (f + (1 - f) / near)
         return Lookup(points[near] * amdahl, f"Amdahl from degree {near} ({how})")
+
+    # ------------------------------------------------------------------ the sampling cost model
+    def curve(self, model: str) -> Curve:
+        """The GPU model's sampling cost in latent tokens, fitted from its two largest listed resolutions."""
+        gpu = self._gpu(model, "the sampling cost model")
+        by_degree: dict[int, dict[str, float]] = {}
+        for spec, points in gpu.sample.items():
+            for degree, seconds in points.items():
+                by_degree.setdefault(degree, {})[spec] = seconds
+        if not by_degree:
+            raise self._missing(f"gpu.{_key(model)}.sample", "the sampling cost model")
+        degree = max(by_degree, key=lambda d: (len(by_degree[d]), -abs(math.log(d / 4))))
+        known = sorted((tokens(spec, self.reference_frames), seconds) for spec, seconds in by_degree[degree].items())
+        if len(known) < 2:
+            (n1, s1), a = known[0], self.data.scaling.attention_share
+            return Curve(0.0, s1 * (1 - a) / n1, s1 * a / n1**2, f"attention share {a:g} (default)")
+        (n1, s1), (n2, s2) = known[-2], known[-1]
+        r, ratio = n2 / n1, s2 / s1
+        if ratio > r * r:
+            raise ConfigError(
+                f"{self.source}: gpu.{_key(model)}.sample: {ratio:.2f}x the time for {r:.2f}x the latent tokens "
+                f"grows faster than attention's square: not a plausible profile"
+            )
+        if ratio >= r:  # superlinear: attention
+            quad = (s2 - s1 * r) / (n2 * n2 - n1 * n1 * r)
+            lin = (s1 - quad * n1 * n1) / n1
+            return Curve(0.0, lin, quad, f"attention {quad * n1 * n1 / s1:.1%} of the smaller clip")
+        if ratio <= 1:
+            raise ConfigError(
+                f"{self.source}: gpu.{_key(model)}.sample: a larger resolution samples no slower than a smaller one"
+            )
+        lin = (s2 - s1) / (n2 - n1)
+        return Curve(s1 - lin * n1, lin, 0.0, f"fixed per-clip cost {(s1 - lin * n1) / s1:.1%} of the smaller clip")
+
+    def sample_time(self, model: str, degree: int, spec: str, frames: int, why: str) -> Lookup:
+        """Sampling one clip of ``frames`` at ``spec`` on ``degree`` GPUs of ``model``."""
+        at_reference = self.sample(model, degree, spec, why)
+        if frames == self.reference_frames:
+            return at_reference
+        curve = self.curve(model)
+        scale = curve(tokens(spec, frames)) / curve(tokens(spec, self.reference_frames))
+        return Lookup(at_reference.seconds * scale, at_reference.modelled)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds to sample N latent tokens: fixed + linear + attention (quadratic)."""
+
+    fixed: float
+    linear: float
+    quadratic: float
+    how: str
+
+    def __call__(self, n: float) -> float:
+        return self.fixed + self.linear * n + self.quadratic * n * n
+
+
+def tokens(spec: str, frames: int) -> int:
+    """Latent tokens the DiT attends over: latent frames x (H/16) x (W/16)."""
+    _, _, t, h, w = get_spec(spec).video_shape(frames)
+    return t * h * w
 
 
 def _key(name: str) -> str:

@@ -87,28 +87,19 @@ class Resources:
         return [p.name for p in self.samplers] + [lk.name for lk in self.links] + [d.name for d in self.decoders]
 
     @classmethod
-    def from_config(cls, config: LocalConfig, encoder_vram_gb: float) -> Resources:
-        """The topology in ``config``; pools that cannot hold the encoder borrow one that can."""
-        need = encoder_vram_gb if config.model.kind == "h3" else 0.0
+    def from_config(cls, config: LocalConfig) -> Resources:
+        """The topology in ``config``, with the encoder pools config-adapt assigned (what the pipeline runs)."""
         pools = config.samplers
         if not pools:
             raise ConfigError(f"topology {config.topology!r} has no sampler pool")
-
-        def can_encode(name: str) -> bool:
-            pool = config.pool(name)
-            return pool.vram_gb >= need and "encode" in config.hosts[pool.host].roles
-
+        names = {p.name for p in pools}
         samplers: list[SamplerPool] = []
         for pool in pools:
             encoder = pool.encoder_pool or pool.name
-            if not can_encode(encoder):
-                local = [p for p in pools if p.host == config.pool(encoder).host and can_encode(p.name)]
-                if not local:
-                    raise ConfigError(
-                        f"topology {config.topology!r}: no pool can hold the text encoder "
-                        f"({need:g} GB of VRAM) to encode the clips of pool {pool.name!r}"
-                    )
-                encoder = max(local, key=lambda p: (p.vram_gb, -pools.index(p))).name
+            if encoder not in names:
+                raise ConfigError(
+                    f"pool {pool.name!r}: its encoder pool {encoder!r} is not a sampler pool of the config"
+                )
             samplers.append(
                 SamplerPool(pool.name, pool.host, pool.gpu_model, pool.ulysses_degree, pool.vram_gb, encoder)
             )

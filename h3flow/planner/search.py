@@ -125,7 +125,7 @@ def build(hm: HostMap, topology: str, profile: Profile, decoder_hosts: tuple[str
     )
     try:
         config = adapt(hm, topology)
-        resources = Resources.from_config(config, profile.encoder_vram_gb)
+        resources = Resources.from_config(config)
     except ConfigError as exc:
         return Candidate(name, topo.canonical, topo.gpus_used, extras, frozenset(chosen), None, str(exc))
     return Candidate(

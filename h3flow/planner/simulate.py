@@ -21,74 +21,19 @@ a decoder). Every resource does one stage at a time. The rules mirror the live p
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from h3flow.core.batch import Batch
 from h3flow.core.errors import ConfigError
-from h3flow.planner.policies import EarliestFinish, Policy, Projection, RoundRobin, State, project
+from h3flow.planner.instance import Instance
+from h3flow.planner.policies import EarliestFinish, Policy, RoundRobin, State, project
 from h3flow.planner.resources import SamplerPool
+from h3flow.planner.schedule import STAGES, Schedule, StageRun
+from h3flow.planner.sequence import AHEAD, deliver, delivery_runs
 from h3flow.planner.timing import ClipLike, PlanClip, Planner, SamplerTimes
 
-C = TypeVar("C", bound=ClipLike)
-
-STAGES = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
-AHEAD = 2  # clips in flight per sampler pool: one running, one queued (as the live dispatcher)
-
-
-@dataclass(frozen=True, slots=True)
-class StageRun:
-    clip: str
-    stage: str
-    resource: str
-    start: float
-    end: float
-
-
-@dataclass
-class Schedule:
-    """Per clip, per stage: (resource, start, end). Times in seconds from the batch's start."""
-
-    topology: str
-    policy: str
-    clips: list[str]
-    runs: list[StageRun]
-    pool_of: dict[str, str] = field(default_factory=dict)
-    decoder_of: dict[str, str] = field(default_factory=dict)
-
-    @cached_property
-    def makespan(self) -> float:
-        return max((r.end for r in self.runs), default=0.0)
-
-    @property
-    def clips_per_hour(self) -> float:
-        return len(self.clips) * 3600.0 / self.makespan if self.makespan > 0 else 0.0
-
-    def busy(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for r in self.runs:
-            out[r.resource] = out.get(r.resource, 0.0) + (r.end - r.start)
-        return out
-
-    def utilisation(self, resources: Iterable[str]) -> dict[str, float]:
-        busy, span = self.busy(), self.makespan or 1.0
-        return {name: busy.get(name, 0.0) / span for name in resources}
-
-    def idle_gaps(self, resource: str) -> float:
-        """Seconds ``resource`` sits idle between its first start and its last end."""
-        runs = [r for r in self.runs if r.resource == resource]
-        if not runs:
-            return 0.0
-        span = max(r.end for r in runs) - min(r.start for r in runs)
-        return max(0.0, span - sum(r.end - r.start for r in runs))
-
-    def by_clip(self) -> dict[str, list[StageRun]]:
-        out: dict[str, list[StageRun]] = {c: [] for c in self.clips}
-        for r in self.runs:
-            out[r.clip].append(r)
-        return out
+__all__ = ["AHEAD", "POLICIES", "STAGES", "Schedule", "StageRun", "clips_of", "make_policy", "simulate"]
 
 
 def clips_of(batch_or_clips: Batch | Sequence[ClipLike]) -> list[PlanClip]:
@@ -236,81 +181,31 @@ def simulate(
     policy.reset()
     sim = _Sim(planner, policy, ahead)
     sim.run(policy.order(clips))
-    runs = sim.runs
     res = planner.resources
-    decoders = {d.name: d for d in res.decoders}
-
-    # delivery: links in handoff order, decoders in arrival order
-    link_free = {lk.name: 0.0 for lk in res.links}
-    projected = {d.name: 0.0 for d in res.decoders}
-    arrivals: list[tuple[float, int, ClipLike, str]] = []
-    for job in sorted(sim.jobs, key=lambda j: (j.handed, j.seq)):
-        best = None
-        for dec in res.decoders:
-            link = res.link(job.pool.host, dec.host)
-            start = max(job.handed or 0.0, link_free[link.name])
-            arrived = start + planner.transfer_time(job.clip, link)
-            decode, mux = planner.decoder_times(job.clip, dec)
-            key = (max(arrived, projected[dec.name]) + decode + mux, arrived)
-            if best is None or key < best[0]:
-                best = (key, dec.name, link.name, start, arrived)
-        assert best is not None
-        key, dec_name, link_name, start, arrived = best
-        runs.append(StageRun(job.clip.id, "transfer", link_name, start, arrived))
-        link_free[link_name] = arrived
-        projected[dec_name] = key[0]
-        arrivals.append((arrived, job.seq, job.clip, dec_name))
-    dec_free = {d.name: 0.0 for d in res.decoders}
-    decoder_of: dict[str, str] = {}
-    for arrived, _, clip, name in sorted(arrivals, key=lambda a: (a[0], a[1])):
-        decode, mux = planner.decoder_times(clip, decoders[name])
-        start = max(arrived, dec_free[name])
-        runs.append(StageRun(clip.id, "decode", name, start, start + decode))
-        runs.append(StageRun(clip.id, "mux", name, start + decode, start + decode + mux))
-        dec_free[name] = start + decode + mux
-        decoder_of[clip.id] = name
-    pool_of = {j.clip.id: j.pool.name for j in sim.jobs}
-    return Schedule(res.topology, policy.name, [c.id for c in clips], runs, pool_of, decoder_of)
+    inst = Instance.of(planner, clips)
+    index = {c.id: j for j, c in enumerate(clips)}
+    pools = {p.name: i for i, p in enumerate(res.samplers)}
+    handed = [0.0] * len(clips)
+    pool_of = [0] * len(clips)
+    for job in sim.jobs:
+        j = index[job.clip.id]
+        handed[j], pool_of[j] = job.handed or 0.0, pools[job.pool.name]
+    order = [index[job.clip.id] for job in sorted(sim.jobs, key=lambda jb: (jb.handed, jb.seq))]
+    delivery = deliver(inst, handed, pool_of, order)
+    runs = sim.runs + delivery_runs(inst, delivery)
+    ids = [c.id for c in clips]
+    return Schedule(
+        res.topology,
+        policy.name,
+        ids,
+        runs,
+        {c: res.samplers[pool_of[j]].name for j, c in enumerate(ids)},
+        {c: res.decoders[delivery.decoder[j]].name for j, c in enumerate(ids)},
+    )
 
 
-class BestOf:
-    """Simulate each candidate policy on the batch, then act as the one that finishes it first."""
-
-    name = "best"
-
-    def __init__(self, planner: Planner, candidates: Sequence[type] = (EarliestFinish, RoundRobin)) -> None:
-        self.planner = planner
-        self.candidates: list[Policy] = [c(planner) for c in candidates]
-        self.chosen: Policy = self.candidates[0]
-        self.schedules: dict[str, Schedule] = {}  # candidate name -> its Schedule, after order()
-
-    def reset(self) -> None:
-        self.chosen.reset()
-
-    def order(self, clips: Sequence[C]) -> list[C]:
-        self.schedules = {}
-        for candidate in self.candidates:
-            self.schedules[candidate.name] = simulate(clips, self.planner, candidate)
-        ranked = sorted(
-            enumerate(self.candidates), key=lambda ic: (round(self.schedules[ic[1].name].makespan, 6), ic[0])
-        )
-        self.chosen = ranked[0][1]
-        self.chosen.reset()
-        return self.chosen.order(clips)
-
-    def choose_pool(self, clip: ClipLike, state: State) -> str | None:
-        return self.chosen.choose_pool(clip, state)
-
-    @property
-    def needs_state(self) -> bool:
-        return getattr(self.chosen, "needs_state", True)
-
-    @property
-    def projections(self) -> dict[str, Projection]:
-        return getattr(self.chosen, "projections", {})
-
-
-POLICIES = {"best": BestOf, "earliest-finish": EarliestFinish, "design": RoundRobin}
+# the simulator's policies ("best" is not one: it is a schedule, h3flow.planner.best)
+POLICIES: dict[str, type[EarliestFinish] | type[RoundRobin]] = {"earliest-finish": EarliestFinish, "design": RoundRobin}
 
 
 def make_policy(name: str, planner: Planner) -> Policy:

@@ -76,8 +76,9 @@ class Planner:
         p, spec = self.profile, clip.spec
         encoder = self.resources.pool(pool.encoder)
         why = f"pool {pool.name} ({pool.degree}×{pool.gpu_model}), spec {spec}"
-        scale = p.length_factor(clip.frames)
+        size = p.size_factor(spec, clip.frames)
         looked = p.sample(pool.gpu_model, pool.degree, spec, why)
+        length = p.sample_time(pool.gpu_model, pool.degree, spec, clip.frames, why).seconds / looked.seconds
         if looked.modelled:
             self.modelled[f"{pool.gpu_model} ×{pool.degree} {spec} sample"] = (
                 f"{looked.seconds:.1f} s: {looked.modelled}"
@@ -85,8 +86,8 @@ class Planner:
         times = SamplerTimes(
             encode=_m(measured, encoder.name, "encode", spec, p.encode(encoder.gpu_model, spec, why)),
             offload=_m(measured, encoder.name, "offload", spec, p.offload(encoder.gpu_model, spec, why)),
-            sample=_m(measured, pool.name, "sample", spec, looked.seconds) * scale,
-            handoff=_m(measured, pool.name, "handoff", spec, p.handoff(spec, why)) * scale,
+            sample=_m(measured, pool.name, "sample", spec, looked.seconds) * length,
+            handoff=_m(measured, pool.name, "handoff", spec, p.handoff(spec, why)) * size,
         )
         if not measured:
             self._sampler[key] = times
@@ -96,8 +97,10 @@ class Planner:
         key = (clip.spec, clip.frames, link.name, link.gbit_s)
         if not measured and key in self._transfer:
             return self._transfer[key]
-        base = self.profile.transfer(clip.spec, link.gbit_s, f"{link.label}, spec {clip.spec}")
-        seconds = _m(measured, link.name, "transfer", clip.spec, base) * self.profile.length_factor(clip.frames)
+        p = self.profile
+        seconds = p.transfer(clip.spec, clip.frames, link.gbit_s)
+        if measured and (link.name, "transfer", clip.spec) in measured:  # measured for a reference-length clip
+            seconds = measured[(link.name, "transfer", clip.spec)] * p.size_factor(clip.spec, clip.frames)
         if not measured:
             self._transfer[key] = seconds
         return seconds

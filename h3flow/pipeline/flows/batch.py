@@ -123,23 +123,23 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
             except UNAVAILABLE as exc:  # the UI's bar can wait; the record cannot
                 logger.warning("progress artifact not updated: %s", exc)
 
+        plan = plan_for_manifest(manifest, config)
         dispatcher = Dispatcher(
             config,
             config_path,
             manifest,
             api,
             save,
-            choose=planner_chooser(config),
+            choose=planner_chooser(config, plan.schedule if plan else None),
             incarnation=(own_id or "local")[:8],
             own_flow_run_id=own_id,
             log=logger.info,
         )
-        schedule = plan_for_manifest(manifest, config)
         result = dispatcher.run()
     finally:
         api.close()
-    if schedule is not None:  # drawn after the run: a large batch's chart never delays the first clip
-        publish_plan(result, schedule, config)
+    if plan is not None:  # drawn after the run: a large batch's chart never delays the first clip
+        publish_plan(result, plan.schedule, config, plan.proven)
     paths = write_run_report(result, config)
     publish_report(result, paths)
     logger.info(
