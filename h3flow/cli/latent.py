@@ -17,10 +17,13 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from h3flow.cli.base import app, console, latent_app, operator_command, store_app
+from h3flow.cli.base import LATENTS, app, console, latent_app, operator_command, store_app
 from h3flow.core.errors import ConfigError, H3FlowError, IntegrityError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
+
+app.add_typer(latent_app, name="latent", rich_help_panel=LATENTS)
+app.add_typer(store_app, name="store", rich_help_panel=LATENTS)
 
 _SHA_IN_TEXT = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
@@ -220,7 +223,7 @@ def latent_verify(
     verify_latent(file, sha256)
 
 
-@app.command()
+@app.command(rich_help_panel=LATENTS)
 @operator_command
 def transfer(
     file: Annotated[Path, typer.Argument(help="The latent file to send.")],
@@ -255,7 +258,7 @@ def transfer(
     )
 
 
-@app.command()
+@app.command(rich_help_panel=LATENTS)
 @operator_command
 def receiver(
     store: Annotated[Path, typer.Option(help="This host's store root.")],

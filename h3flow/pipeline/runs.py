@@ -4,13 +4,17 @@ What the CLI, the demo and the benchmarks call. ``start_run`` validates the batc
 before anything starts, writes the run's first manifest and submits the ``batch/run``
 deployment (the dispatcher); from then on the dispatcher is the manifest's only writer.
 ``resume_run`` reconciles the manifest with the stores and submits the same run id again.
+``list_runs`` is every run under runs_dir; ``run_links`` / ``run_logs`` / ``cancel_run``
+ask Prefect about one run's flow runs (:mod:`h3flow.pipeline.prefect_api`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,11 +22,20 @@ from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import H3FlowError
 from h3flow.core.fsutil import atomic_write_json
-from h3flow.pipeline.manifest import Manifest, load_manifest, new_manifest, new_run_id, run_dir, save_manifest
+from h3flow.pipeline.manifest import (
+    Manifest,
+    load_manifest,
+    new_manifest,
+    new_run_id,
+    run_dir,
+    save_manifest,
+)
 from h3flow.pipeline.run_report import summary
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
+
+    from h3flow.pipeline.prefect_api import LogLine, RunFlowRun
 
 FINISHED = ("completed", "failed")
 DEAD = ("FAILED", "CRASHED", "CANCELLED")
@@ -99,10 +112,16 @@ def resume_run(run_id: str, config_path: Path) -> Manifest:
     return manifest
 
 
+def batch_flow_run_ids(config: LocalConfig, manifest: Manifest) -> list[str]:
+    """The run's dispatcher flow runs, oldest first (one per start or resume)."""
+    path = submitted_path(config, manifest.run_id)
+    ids: list[str] = json.loads(path.read_text()) if path.exists() else manifest.flow_run_ids
+    return ids
+
+
 def dispatcher_state(config: LocalConfig, manifest: Manifest) -> tuple[str, str | None] | None:
     """The state of the newest dispatcher flow run, or None when Prefect can't tell."""
-    path = submitted_path(config, manifest.run_id)
-    ids = json.loads(path.read_text()) if path.exists() else manifest.flow_run_ids
+    ids = batch_flow_run_ids(config, manifest)
     if not ids:
         return None
     from uuid import UUID
@@ -123,13 +142,90 @@ def load_run(run_id: str, config_path: Path) -> Manifest:
     return load_manifest(load_local_config(config_path).runs_dir, run_id)
 
 
-def as_json(manifest: Manifest) -> dict[str, Any]:
-    return {**summary(manifest), "clips": {k: v.model_dump(mode="json") for k, v in manifest.clips.items()}}
-
-
 def manifest_json(manifest: Manifest) -> dict[str, Any]:
     """``status --json``: the summary plus every clip's record."""
     return {**summary(manifest), "clips": {k: v.model_dump(mode="json") for k, v in manifest.clips.items()}}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``h3flow runs``."""
+
+    run_id: str
+    batch: str
+    state: str  # the manifest's, or "unreadable"
+    clips: int
+    counts: dict[str, int]  # clips per state
+    created: str | None  # ISO 8601
+    updated: str | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "batch": self.batch,
+            "state": self.state,
+            "clips": self.clips,
+            "counts": self.counts,
+            "created": self.created,
+            "updated": self.updated,
+            "error": self.error,
+        }
+
+
+def list_runs(config: LocalConfig, limit: int | None = 20) -> list[RunSummary]:
+    """The runs under runs_dir, most recently changed first (at most ``limit``; None: all).
+
+    Only the manifests listed are read; one that cannot be read is listed as "unreadable".
+    """
+    root = Path(config.runs_dir)
+    found = [(path.stat().st_mtime, path.parent.name) for path in root.glob("*/manifest.json")] if root.is_dir() else []
+    out: list[RunSummary] = []
+    for _, run_id in sorted(found, reverse=True)[:limit]:
+        try:
+            manifest = load_manifest(root, run_id)
+        except H3FlowError as exc:
+            out.append(RunSummary(run_id, "?", "unreadable", 0, {}, None, None, str(exc)))
+            continue
+        counts = Counter(rec.state for rec in manifest.clips.values())
+        out.append(
+            RunSummary(
+                run_id=run_id,
+                batch=manifest.batch_name,
+                state=manifest.state,
+                clips=len(manifest.clips),
+                counts=dict(sorted(counts.items())),
+                created=manifest.created,
+                updated=manifest.updated,
+                error=manifest.error,
+            )
+        )
+    return out
+
+
+def run_flow_runs(config: LocalConfig, manifest: Manifest) -> list[RunFlowRun]:
+    """The run's flow runs in Prefect: its batch runs, then its clips' children."""
+    from h3flow.pipeline.prefect_api import run_flow_runs as read
+
+    return read(config, manifest.run_id, batch_flow_run_ids(config, manifest))
+
+
+def run_logs(config: LocalConfig, manifest: Manifest, clip: str | None = None) -> list[LogLine]:
+    """The Prefect logs of the run's batch flow runs, or (``clip``) of that clip's children."""
+    from h3flow.pipeline.prefect_api import flow_run_logs
+
+    if clip is not None and clip not in manifest.clips:
+        raise H3FlowError(f"run {manifest.run_id} has no clip {clip!r} (clips: {', '.join(manifest.clips)})")
+    runs = [r for r in run_flow_runs(config, manifest) if r.clip == clip]
+    return flow_run_logs(config, runs)
+
+
+def cancel_run(config: LocalConfig, manifest: Manifest) -> list[RunFlowRun]:
+    """Cancel the run's batch flow runs and its children that have not ended (see
+    :func:`h3flow.pipeline.prefect_api.cancel_run_flow_runs`)."""
+    from h3flow.pipeline.prefect_api import cancel_run_flow_runs
+
+    return cancel_run_flow_runs(config, manifest.run_id, batch_flow_run_ids(config, manifest))
 
 
 def watch_run(
