@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -162,13 +163,26 @@ def config_file(given: Path | None) -> Path:
 
 # --------------------------------------------------------------------------- output
 def fold_table(*columns: str, title: str | None = None, right: Iterable[str] = ()) -> Table:
-    """A table that never cuts a cell: long ids, states and paths fold onto the next line
-    (rich's default ends them in "…", which made two clips look the same at 80 columns)."""
-    table = Table(title=title, title_justify="left", header_style="bold")
+    """A table that never cuts a cell: long ids and paths fold onto the next line (rich's
+    default ends them in "…", which made two clips look the same at 80 columns)."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.MINIMAL_HEAVY_HEAD, pad_edge=False)
     align_right = set(right)
     for column in columns:
         table.add_column(column, overflow="fold", justify="right" if column in align_right else "left")
     return table
+
+
+def print_table(table: Table, short: Iterable[str] = ()) -> None:
+    """Print ``table``; the ``short`` columns (states, times, counts) keep their width and
+    the long ones fold; when something folds, a line between rows says where each ends."""
+    keep = set(short)
+    for column in table.columns:
+        if column.header in keep:
+            texts = [column.header, *column.cells]
+            column.min_width = max(Text.from_markup(t).cell_len if isinstance(t, str) else t.cell_len for t in texts)  # type: ignore[union-attr]
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    table.show_lines = natural > console.width
+    console.print(table)
 
 
 def print_json(data: Any) -> None:

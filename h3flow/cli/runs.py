@@ -27,6 +27,7 @@ from h3flow.cli.base import (
     fold_table,
     operator_command,
     print_json,
+    print_table,
 )
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.manifest import ClipRecord, Manifest
@@ -80,25 +81,24 @@ def outputs_folder(manifest: Manifest) -> Path | None:
     if not outputs:
         return None
     common = Path(os.path.commonpath(outputs))
-    return common.parent if len(outputs) == 1 or common.suffix == ".mp4" else common
+    return common.parent if common.suffix == ".mp4" else common
 
 
 def print_status(manifest: Manifest, links: dict[str, list[RunFlowRun]] | None = None) -> None:
-    """A run's clips × stages, then where the outputs are, then (``links``) each clip's Prefect UI links."""
+    """A run's clips × stages; the outputs' folder once (each output relative to it, or
+    ``<clip>.mp4`` for all); each failure's reason on its own line; the Prefect UI links."""
     folder = outputs_folder(manifest)
-    table = fold_table(
-        "clip",
-        "spec",
-        "pool",
-        "state",
-        "encode",
-        "sample",
-        "transfer",
-        "decode",
-        "output / error",
-        title=f"run {manifest.run_id} — {manifest.state}",
-        right=("encode", "sample", "transfer", "decode"),
-    )
+    relative = {
+        cid: str(Path(rec.output).relative_to(folder))
+        if folder and Path(rec.output).is_relative_to(folder)
+        else rec.output
+        for cid, rec in manifest.clips.items()
+        if rec.output
+    }
+    own_column = any(name != f"{cid}.mp4" for cid, name in relative.items())
+    stages = ("enc", "sample", "xfer", "dec")
+    columns = ["clip", "pool", "state", *stages, *(["output"] if own_column else [])]
+    table = fold_table(*columns, title=f"run {manifest.run_id} — {manifest.state}", right=stages)
 
     def cell(rec: ClipRecord, stage: str) -> str:
         got = rec.stages.get(stage)
@@ -106,29 +106,22 @@ def print_status(manifest: Manifest, links: dict[str, list[RunFlowRun]] | None =
             return "·"
         return "cached" if got.cached else f"{got.seconds:.1f}s"
 
-    def output(rec: ClipRecord) -> Text:
-        if rec.output:
-            path = Path(rec.output)
-            return Text(str(path.relative_to(folder)) if folder and path.is_relative_to(folder) else str(path))
-        return Text(rec.error or "", style="red")
-
-    for rec in manifest.clips.values():
-        table.add_row(
-            Text(rec.clip.id),
-            rec.clip.spec,
-            Text(rec.pool or "·"),
-            styled(rec.state),
-            cell(rec, "encode"),
-            cell(rec, "sample"),
-            cell(rec, "transfer"),
-            cell(rec, "decode"),
-            output(rec),
-        )
-    console.print(table)
+    for cid, rec in manifest.clips.items():
+        row: list[Text | str] = [Text(cid), Text(rec.pool or "·"), styled(rec.state)]
+        row += [cell(rec, stage) for stage in ("encode", "sample", "transfer", "decode")]
+        if own_column:
+            row.append(Text(relative.get(cid, "")))
+        table.add_row(*row)
+    print_table(table, short=("state", *stages))
     if folder:
-        console.print(Text(f"outputs: {folder}"), soft_wrap=True)
+        where = f"outputs: {folder}" + ("" if own_column else "/<clip>.mp4")
+        console.print(Text(where), soft_wrap=True)
+    for cid, rec in manifest.clips.items():
+        if rec.error:
+            kind = f" ({rec.failure.value})" if rec.failure else ""
+            console.print(Text(f"{rec.state}{kind}: {cid}: {rec.error}", style="red"), soft_wrap=True)
     if manifest.error:
-        console.print(Text(f"error: {manifest.error}", style="red"), soft_wrap=True)
+        console.print(Text(f"run error: {manifest.error}", style="red"), soft_wrap=True)
     info = summary(manifest)
     if info["makespan_s"]:
         console.print(f"makespan {info['makespan_s']} s · {info['clips_per_hour']} clips/h")
@@ -331,7 +324,8 @@ def runs(
     if not found:
         console.print("no runs yet: start one with `h3flow run batch.json`")
         return
-    table = fold_table("run", "state", "delivered", "failed", "left", "age", right=("delivered", "failed", "left"))
+    counts = ("delivered", "failed", "left", "age")
+    table = fold_table("run", "state", *counts, right=counts)
     for r in found:
         delivered, failed = r.counts.get("delivered", 0), r.counts.get("failed", 0)
         table.add_row(
@@ -342,7 +336,7 @@ def runs(
             str(r.clips - delivered - failed),
             age(r.created),
         )
-    console.print(table)
+    print_table(table, short=("state", *counts))
 
 
 @app.command(rich_help_panel=RUN)

@@ -232,7 +232,9 @@ def _copy_hashing(src: Path, handle: IO[bytes]) -> str:
         with open(src, "rb") as source:
             while block := source.read(CHUNK):
                 digest.update(block)
-                handle.write(block)
+                view = memoryview(block)
+                while view:  # an unbuffered write may be short (a filling disk): the rest, or ENOSPC
+                    view = view[handle.write(view) :]
     except FileNotFoundError:
         raise H3FlowError(f"latent file not found: {src}") from None
     except OSError as exc:
