@@ -150,9 +150,9 @@ def test_a_full_disk_names_the_place_and_the_fix(tmp_path: Path) -> None:
     source.write_bytes(os.urandom(1_000_000))
     script = tmp_path / "full.py"
     script.write_text(FULL_DISK)
+    mount_then_run = 'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$2" "$3" "$1" "$4"'
     res = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$2" "$3" "$1" "$4"', "sh"]
-        + [str(disk), sys.executable, str(script), str(source)],
+        ["unshare", "-m", "sh", "-c", mount_then_run, "sh", str(disk), sys.executable, str(script), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
