@@ -169,7 +169,7 @@ def test_config_found_in_dot_h3flow_after_make_demo(tmp_path: Path, monkeypatch:
     res = runner.invoke(app, ["status", run_id, "--no-links"])
     assert res.exit_code == 0, res.output
     assert [row["clip"] for row in table_rows(res.output)[1]] == LONG_IDS
-    res = runner.invoke(app, ["stop", "--local"])
+    res = runner.invoke(app, ["stop"])
     assert res.exit_code == 0, res.output
     assert "not running" in res.output
 
@@ -198,10 +198,13 @@ def test_config_lookup_order_and_what_was_tried(tmp_path: Path, monkeypatch: pyt
     assert listed() == ["from-env"]  # $H3FLOW_CONFIG before both
     assert listed("-c", str(demo)) == ["from-demo-dir"]  # -c before everything
     res = runner.invoke(app, ["runs", "-c", str(tmp_path / "missing.json")])
-    assert res.exit_code == 2 and "--config" in res.output and "missing.json: no such file" in res.output
+    assert (
+        res.exit_code == 2
+        and res.output == f"error: {tmp_path / 'missing.json'}: no such file (run `h3flow config-adapt` first)\n"
+    )
     monkeypatch.setenv("H3FLOW_CONFIG", str(tmp_path))
     res = runner.invoke(app, ["runs"])
-    assert res.exit_code == 2 and "$H3FLOW_CONFIG" in res.output and "is a directory" in res.output
+    assert res.exit_code == 2 and f"$H3FLOW_CONFIG={tmp_path}: is a directory" in res.output
 
 
 # --------------------------------------------------------------------------- output that fits

@@ -155,9 +155,9 @@ def config_file(given: Path | None) -> Path:
             f"{', '.join(f'./{p}' for p in CONFIG_FILES)}; write one with `h3flow config-adapt` (or run `h3flow demo`)"
         )
     if not path.is_file():
-        where = "--config" if given is not None else f"${CONFIG_ENV}"
+        where = f"{path}" if given is not None else f"${CONFIG_ENV}={path}"
         what = "is a directory, not a local.json" if path.is_dir() else "no such file"
-        raise ConfigError(f"{where} {path}: {what} (write one with `h3flow config-adapt`)")
+        raise ConfigError(f"{where}: {what} (run `h3flow config-adapt` first)")
     return path
 
 
