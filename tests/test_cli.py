@@ -24,7 +24,7 @@ from h3flow.cli import app
 from h3flow.config.adapt import adapt, local_host_map, render
 from h3flow.config.models import load_local_config
 from h3flow.core.batch import Clip
-from h3flow.core.fsutil import atomic_write_json
+from h3flow.core.fsutil import atomic_write_json, sha256_bytes
 from h3flow.pipeline.manifest import new_manifest, save_manifest
 from h3flow.pipeline.results import StageResult
 
@@ -372,3 +372,23 @@ def test_an_image_file_is_checked_by_its_header(tmp_path: Path) -> None:
     link = tmp_path / "dangling.png"
     link.symlink_to(tmp_path / "nowhere.png")
     assert image_problem(link) == "does not exist"
+
+
+def test_store_verify_json(tmp_path: Path) -> None:
+    from h3flow.handoff.store import LatentStore
+
+    store = LatentStore(tmp_path / "store")
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"latent bytes")
+    ref = store.put_file(src)
+    res = runner.invoke(app, ["store", "verify", "--store", str(tmp_path / "store"), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["damaged"] == []
+    ref.path.chmod(0o644)
+    ref.path.write_bytes(b"damaged")
+    res = runner.invoke(app, ["store", "verify", "--store", str(tmp_path / "store"), "--json"])
+    assert res.exit_code == 2
+    body, _, error = res.output.partition("error: ")
+    assert json.loads(body)["damaged"] == [
+        {"object": ref.path.name, "problem": f"bytes hash to {sha256_bytes(b'damaged')}"}
+    ]
+    assert error.startswith("1 of 1 objects")
