@@ -126,16 +126,26 @@ def print_status(manifest: Manifest, links: dict[str, list[RunFlowRun]] | None =
     if info["makespan_s"]:
         console.print(f"makespan {info['makespan_s']} s · {info['clips_per_hour']} clips/h")
     if links is not None:
-        print_links(links)
+        print_links(links, manifest)
 
 
-def print_links(links: dict[str, list[RunFlowRun]]) -> None:
+ALL_LINKS_UP_TO = 20  # clips; a bigger run lists the links of the clips not delivered (--json: all)
+
+
+def print_links(links: dict[str, list[RunFlowRun]], manifest: Manifest) -> None:
     """The Prefect UI page of the batch run and of each clip's flow runs (one line each, never cut)."""
+    shown = {
+        clip: runs
+        for clip, runs in links.items()
+        if not clip or len(manifest.clips) <= ALL_LINKS_UP_TO or manifest.clips[clip].state != "delivered"
+    }
     console.print("Prefect UI:")
-    for clip, runs in links.items():
+    for clip, runs in shown.items():
         for run in runs:
             what = "batch" if run.clip is None else f"{clip} {run.stage}"
             console.print(Text(f"  {what} ({run.state_name.lower()}): {run.link}"), soft_wrap=True)
+    if len(shown) < len(links):
+        console.print(f"  (delivered clips' links: `h3flow status {escape(manifest.run_id)} --json`)")
 
 
 def status_json(manifest: Manifest, links: dict[str, list[RunFlowRun]] | None) -> dict[str, Any]:
