@@ -25,7 +25,7 @@ from h3flow.config.models import (
 from h3flow.core.fsutil import atomic_write_json
 
 CPU = Gpu(index=0, model="cpu", vram_gb=1, arch="cpu")
-T10 = [Gpu(index=i, model="T10", vram_gb=16, arch="sm75") for i in range(2)]
+T10 = [Gpu(index=i, model="T10", vram_gb=16, arch="sm75") for i in range(4)]
 REFERENCE = Model(
     kind="reference",
     text_encoder="reference",
@@ -34,6 +34,7 @@ REFERENCE = Model(
     vae="reference-int8",
     dit_vram_gb=0.1,
     vae_vram_gb=0.1,
+    encoder_vram_gb=0.1,
 )
 
 
@@ -48,7 +49,8 @@ def host_map(
 ) -> HostMap:
     """host-a samples, host-b decodes; both behind ``alias`` (tcp transfer, file secret).
 
-    ``production``: engine comfy, MiniMax H3 on two T10s (sm75) — what this machine
+    ``production``: engine comfy, MiniMax H3 on four T10s (sm75; the
+    text encoder needs all four) — what this machine
     does not have, so preflight must say so.
     """
 
@@ -70,7 +72,7 @@ def host_map(
     gpus = T10 if production else [CPU, Gpu(index=1, model="cpu", vram_gb=1, arch="cpu")]
     return HostMap(
         engine="comfy" if production else "local",
-        topology="2" if production else "one_one_plus_one",
+        topology="4" if production else "one_one_plus_one",
         prefect=PrefectSettings(api_url=api_url or f"http://127.0.0.1:{free_port()}/api"),
         model=Model() if production else REFERENCE,
         hosts=[

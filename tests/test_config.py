@@ -160,6 +160,52 @@ BAD_INPUTS = {
     "too little vram": (lambda d: d["model"].__setitem__("dit_vram_gb", 80), "needs 80 GB"),
     "bad arch": (lambda d: d["hosts"][0]["gpus"][0].__setitem__("arch", "turing"), "unknown GPU architecture 'turing'"),
     "unknown link host": (lambda d: d["links"][0].__setitem__("hosts", ["host-a", "host-z"]), "unknown host 'host-z'"),
+    # hostile values (issue 16): each refused at config-adapt, not when a service starts
+    "api url without host": (
+        lambda d: d["prefect"].__setitem__("api_url", "http://"),
+        "prefect.api_url: 'http://' is not an http(s) URL with a host",
+    ),
+    "api url bad port": (lambda d: d["prefect"].__setitem__("api_url", "http://h:99999/api"), "Port out of range"),
+    "api url not http": (lambda d: d["prefect"].__setitem__("api_url", "ftp://h/api"), "is not an http(s) URL"),
+    "cron out of range": (
+        lambda d: d["prefect"]["schedule"].__setitem__("cron", "99 99 99 99 99"),
+        "'99 99 99 99 99' is not a cron schedule (Bad minute)",
+    ),
+    "unknown time zone": (
+        lambda d: d["prefect"]["schedule"].__setitem__("timezone", "Mars/Olympus"),
+        "unknown time zone 'Mars/Olympus'",
+    ),
+    "time zone path": (
+        lambda d: d["prefect"]["schedule"].__setitem__("timezone", "../../etc/passwd"),
+        "unknown time zone '../../etc/passwd'",
+    ),
+    "nul in a store root": (
+        lambda d: d["hosts"][0]["storage"].__setitem__("root", "/srv/h3\x00flow"),
+        "hosts[0].storage.root: '/srv/h3\\x00flow' contains a control character ('\\x00')",
+    ),
+    "newline in a venv": (lambda d: d["hosts"][1].__setitem__("venv", "/opt/v\nenv"), "contains a control character"),
+    "control character in an inbox": (
+        lambda d: d["prefect"]["schedule"].__setitem__("inbox", "/srv/in\x1bbox"),
+        "contains a control character ('\\x1b')",
+    ),
+    "empty env name": (
+        lambda d: d["hosts"][0].__setitem__("env", {"": "1"}),
+        "env name '' is not a variable name",
+    ),
+    "env name with =": (
+        lambda d: d["hosts"][0].__setitem__("env", {"A=B": "1"}),
+        "env name 'A=B' is not a variable name",
+    ),
+    "nul in an env value": (
+        lambda d: d["hosts"][0].__setitem__("env", {"A": "x\x00y"}),
+        "contains a control character",
+    ),
+    "LD_PRELOAD": (lambda d: d["hosts"][0].__setitem__("env", {"LD_PRELOAD": "/tmp/x.so"}), "env LD_PRELOAD: loader"),
+    "LD_LIBRARY_PATH": (
+        lambda d: d["hosts"][2].__setitem__("env", {"LD_LIBRARY_PATH": "/opt/rocm/lib"}),
+        "env LD_LIBRARY_PATH: loader",
+    ),
+    "PYTHONPATH": (lambda d: d["hosts"][1].__setitem__("env", {"PYTHONPATH": "/tmp"}), "env PYTHONPATH: loader"),
 }
 
 
@@ -172,6 +218,13 @@ def test_bad_host_maps_fail_in_one_line_and_write_nothing(tmp_path: Path, case: 
     assert message in res.output
     assert res.output.count("\n") <= 2 and "Traceback" not in res.output
     assert not out.exists()
+
+
+def test_output_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    res = adapt_cli(str(EXAMPLE), "-o", str(tmp_path))
+    assert res.exit_code == 2
+    assert res.output == f"error: -o {tmp_path} is a directory: name the file, e.g. -o {tmp_path / 'local.json'}\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_malformed_json_names_line_and_column(tmp_path: Path) -> None:
@@ -242,6 +295,89 @@ def test_fuzzed_bytes_never_give_a_traceback(tmp_path: Path, text: str) -> None:
     res = adapt_cli(str(write(tmp_path, text)), "-o", str(tmp_path / "fuzz.json"))
     assert res.exit_code in (0, 2)
     assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+CONTROL = st.characters(min_codepoint=0, max_codepoint=31) | st.just("\x7f")
+TEXT_FIELDS = [
+    ("hosts", 0, "storage", "root"),
+    ("hosts", 0, "venv"),
+    ("hosts", 1, "comfy_dir"),
+    ("hosts", 2, "address"),
+    ("hosts", 2, "storage", "outputs"),
+    ("prefect", "schedule", "inbox"),
+    ("runs_dir",),
+]
+
+
+def set_path(data: dict, path: tuple, value: object) -> None:
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(TEXT_FIELDS), before=st.text(max_size=6), bad=CONTROL, after=st.text(max_size=6))
+def test_a_control_character_in_any_path_is_refused(
+    tmp_path: Path, field: tuple, before: str, bad: str, after: str
+) -> None:
+    data = example()
+    set_path(data, field, f"/srv/{before}{bad}{after}")
+    out = tmp_path / "fuzz.json"
+    out.unlink(missing_ok=True)
+    res = adapt_cli(str(write(tmp_path, data)), "-o", str(out))
+    assert res.exit_code == 2, res.output
+    assert "contains a control character" in res.output and res.output.count("\n") == 1
+    assert not out.exists()
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.text(max_size=12), value=st.text(max_size=12))
+def test_env_names_are_variable_names_and_never_loader_variables(name: str, value: str) -> None:
+    import re
+
+    from pydantic import ValidationError
+
+    data = example()
+    data["hosts"][0]["env"] = {name: value}
+    ok_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
+    loader = name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE") or name.startswith(
+        ("LD_", "DYLD_")
+    )
+    clean = not any(ord(c) < 32 or ord(c) == 127 for c in name + value)
+    try:
+        HostMap.model_validate(data)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted == (ok_name and not loader and clean)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    fields=st.lists(
+        st.one_of(
+            st.integers(-5, 70).map(str),
+            st.sampled_from(["*", "*/5", "1-3", "mon", "jan", "L", "?", ""]),
+            st.text(alphabet="0123456789*/-,", min_size=1, max_size=4),
+        ),
+        min_size=4,
+        max_size=6,
+    )
+)
+def test_cron_schedules_are_checked_like_prefect_does(fields: list[str]) -> None:
+    """Whatever config-adapt accepts, Prefect's own cron check (croniter) accepts too."""
+    from prefect._internal.schemas.validators import validate_cron_string
+    from pydantic import ValidationError
+
+    cron = " ".join(fields)
+    data = example()
+    data["prefect"]["schedule"]["cron"] = cron
+    try:
+        HostMap.model_validate(data)
+    except ValidationError:
+        return
+    validate_cron_string(cron)  # raises if Prefect would refuse the deployment's schedule
 
 
 def test_help_lists_the_operators_commands() -> None:

@@ -21,8 +21,7 @@ def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -
         tmp_path / "mini.json", [{"id": "m0", "seed": 1}, {"id": "m1", "seed": 2, "prompt": "fast zoom in"}]
     )
     workdir = tmp_path / "wd"
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("PREFECT_API_URL", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "COLUMNS")}  # a log: 80 columns
     res = subprocess.run(
         [
             str(Path(sys.prefix) / "bin" / "h3flow"),
@@ -48,7 +47,9 @@ def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -
         with av.open(clip["output"]) as container:
             assert container.streams.video[0].frames > 0 and container.streams.audio[0].rate == 48000
     assert (run_dir / "gantt.png").stat().st_size > 10_000 and (run_dir / "report.md").exists()
-    assert f"gantt:    {run_dir / 'gantt.png'}" in res.stdout
+    assert f"gantt:    {run_dir / 'gantt.png'}\n" in res.stdout  # whole lines, however long
+    outputs = sorted({str(Path(c["output"]).parent) for c in manifest["clips"].values()})
+    assert f"videos:   {', '.join(outputs)}\n" in res.stdout and "…" not in res.stdout
     # the services were stopped, by PID: their PID files are gone
     assert (workdir / "services").is_dir() and not list((workdir / "services").glob("*.pid"))
     assert "stopped" in res.stdout

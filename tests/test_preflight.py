@@ -219,6 +219,8 @@ def test_gpus_that_differ_from_the_host_map_are_named(tmp_path: Path) -> None:
             "gpus": [
                 {"index": 0, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"},
                 {"index": 1, "name": "NVIDIA GeForce RTX 3080 Ti", "memory_mb": 12288.0, "arch": "sm86"},
+                {"index": 2, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"},
+                {"index": 3, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"},
             ],
         }
     }
@@ -230,9 +232,10 @@ def test_gpus_that_differ_from_the_host_map_are_named(tmp_path: Path) -> None:
         and "GPU 1 is sm86, the host map says sm75" in check.detail
     )
     assert "GPU 0" not in check.detail.split("(nvidia-smi")[0]  # the T10 (15 GiB as nvidia-smi counts) matches
-    view.facts["gpus"]["gpus"] = view.facts["gpus"]["gpus"][:1]
+    others = view.facts["gpus"]["gpus"][2:]
+    view.facts["gpus"]["gpus"] = view.facts["gpus"]["gpus"][:1] + others
     assert "GPU 1 (T10) not visible" in check_gpus(view)[0].detail
-    view.facts["gpus"]["gpus"].append({"index": 1, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"})
+    view.facts["gpus"]["gpus"].insert(1, {"index": 1, "name": "Tesla T10", "memory_mb": 15360.0, "arch": "sm75"})
     assert check_gpus(view)[0].status == "ok"
 
 

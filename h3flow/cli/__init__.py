@@ -4,7 +4,8 @@
 :data:`app` (the console entry point).
 """
 
-from h3flow.cli import config, demo, latent, ops, plan, runs  # noqa: F401 - registers the commands
+# the import order is the order of the help's panels and commands (see cli/base.py)
+from h3flow.cli import demo, config, plan, ops, runs, latent  # noqa: F401, I001 - registers the commands
 from h3flow.cli.base import app
 
 __all__ = ["app"]

@@ -1,23 +1,62 @@
-"""What every command shares: the Typer apps, the error wrapper, the config option.
+"""What every command shares: the Typer apps, the error wrapper, the config lookup, output.
 
 Each command is a thin wrapper that imports its implementation lazily (so ``--help``
 stays fast) and turns :class:`~h3flow.core.errors.H3FlowError` into a one-line message
-with exit code 2.
+with exit code 2. Commands that read local.json find it with :func:`config_file`; tables
+come from :func:`fold_table`, so no id, state or path is ever cut short.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from h3flow.core.errors import H3FlowError
+from h3flow.core.errors import ConfigError, H3FlowError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# The help lists commands in the operator's order: the panels below, each command in the
+# order its module registers it (cli/__init__.py imports the modules in this order).
+TRY_IT = "Try it"
+SET_UP = "Set up (steps 1-3)"
+BRING_UP = "Bring up the services (steps 4-5)"
+RUN = "Run batches (steps 6-8)"
+LATENTS = "Latents and stores"
+
+
+def _no_type_for_flags() -> None:
+    """Show no ``<bool>`` after a flag in the rich help.
+
+    Typer 0.2x vendors click and prints each option's type in its rich help panel, flags
+    included (``--json <bool>``): ``rich_utils._print_options_panel`` calls
+    ``display_type_rich`` for every option, while the plain formatter
+    (``TyperOption.get_help_record``) skips flags and counters. A flag takes no value, so
+    it gets no type here either; a typer that already skips them is unaffected.
+    """
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_h3flow", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag or self.count else shown(self, ctx)
+
+    display_type_rich._h3flow = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_for_flags()
 
 app = typer.Typer(
     name="h3flow",
@@ -27,33 +66,125 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 latent_app = typer.Typer(help="Inspect and verify .h3latent files.", no_args_is_help=True)
-patches_app = typer.Typer(help="Check / apply the Turing patches to ComfyUI and Raylight.", no_args_is_help=True)
-nodes_app = typer.Typer(help="Install the h3flow ComfyUI node pack.", no_args_is_help=True)
+patches_app = typer.Typer(
+    help="Step 1: check / apply the Turing patches to ComfyUI and Raylight.", no_args_is_help=True
+)
+nodes_app = typer.Typer(help="Step 1: install the h3flow ComfyUI node pack.", no_args_is_help=True)
 store_app = typer.Typer(help="The content-addressed latent store.", no_args_is_help=True)
-app.add_typer(latent_app, name="latent")
-app.add_typer(patches_app, name="patches")
-app.add_typer(nodes_app, name="nodes")
-app.add_typer(store_app, name="store")
+
+
+def h3flow_version() -> str:
+    try:
+        return version("h3flow")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"h3flow {h3flow_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print h3flow's version and exit."),
+    ] = None,
+) -> None:
+    """Run MiniMax H3 image-to-video over a home-lab GPU cluster, orchestrated by Prefect."""
+
 
 err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False)
+
+
+def print_error(message: str, details: Iterable[str] = ()) -> None:
+    """``error: message`` and one indented line per detail, printed verbatim (never as
+    rich markup: a message may hold ``[a-z]`` or other brackets)."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    for line in details:
+        err_console.print(Text(f"  {line}"), soft_wrap=True)
 
 
 def operator_command(func: F) -> F:
-    """Print an H3FlowError as one line on stderr and exit with its code; no traceback."""
+    """Print an H3FlowError as one line (plus its details) on stderr and exit with its code; no traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except H3FlowError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+            print_error(str(exc), exc.details)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print("[bold red]error:[/] interrupted")
+            print_error("interrupted")
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="local.json from config-adapt.")]
-console = Console(highlight=False)
+# --------------------------------------------------------------------------- the config
+CONFIG_ENV = "H3FLOW_CONFIG"
+CONFIG_FILES = (Path("local.json"), Path(".h3flow") / "local.json")  # ./local.json, then the demo's
+CONFIG_HELP = f"local.json from config-adapt (default: ${CONFIG_ENV}, else ./local.json, else ./.h3flow/local.json)."
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help=CONFIG_HELP, show_default=False)]
+
+
+def find_config(given: Path | None) -> Path | None:
+    """The config a command reads: ``--config``, else ``$H3FLOW_CONFIG``, else the first of
+    ./local.json and ./.h3flow/local.json (what `make demo` writes) that exists; None if none."""
+    if given is not None:
+        return given
+    from h3flow.config.settings import settings
+
+    from_env = settings().config
+    if from_env is not None:
+        return from_env
+    return next((path for path in CONFIG_FILES if path.is_file()), None)
+
+
+def config_file(given: Path | None) -> Path:
+    """:func:`find_config`, or a ConfigError that names every place it looked."""
+    path = find_config(given)
+    if path is None:
+        raise ConfigError(
+            f"no config found: tried --config (not given), ${CONFIG_ENV} (unset), "
+            f"{', '.join(f'./{p}' for p in CONFIG_FILES)}; write one with `h3flow config-adapt` (or run `h3flow demo`)"
+        )
+    if not path.is_file():
+        where = f"{path}" if given is not None else f"${CONFIG_ENV}={path}"
+        what = "is a directory, not a local.json" if path.is_dir() else "no such file"
+        raise ConfigError(f"{where}: {what} (run `h3flow config-adapt` first)")
+    return path
+
+
+# --------------------------------------------------------------------------- output
+def fold_table(*columns: str, title: str | None = None, right: Iterable[str] = ()) -> Table:
+    """A table that never cuts a cell: long ids and paths fold onto the next line (rich's
+    default ends them in "…", which made two clips look the same at 80 columns)."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.MINIMAL_HEAVY_HEAD, pad_edge=False)
+    align_right = set(right)
+    for column in columns:
+        table.add_column(column, overflow="fold", justify="right" if column in align_right else "left")
+    return table
+
+
+def print_table(table: Table, short: Iterable[str] = ()) -> None:
+    """Print ``table``; the ``short`` columns (states, times, counts) keep their width and
+    the long ones fold; when something folds, a line between rows says where each ends."""
+    keep = set(short)
+    for column in table.columns:
+        if column.header in keep:
+            texts = [column.header, *column.cells]
+            column.min_width = max(Text.from_markup(t).cell_len if isinstance(t, str) else t.cell_len for t in texts)  # type: ignore[union-attr]
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    table.show_lines = natural > console.width
+    console.print(table)
+
+
+def print_json(data: Any) -> None:
+    """``--json``: indented, to stdout, never wrapped or styled."""
+    typer.echo(json.dumps(data, indent=2, default=str))

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from h3flow.cli.base import app, console, operator_command
+from h3flow.cli.base import SET_UP, app, console, operator_command
 from h3flow.config.adapt import adapt, local_host_map, render
 from h3flow.config.models import ENGINES, load_host_map
 from h3flow.core.errors import ConfigError, H3FlowError
@@ -59,6 +59,8 @@ def run_config_adapt(
             raise ConfigError('--engine goes with --local; a host map sets its own "engine"')
         config = adapt(load_host_map(host_map), topology)
     fresh = render(config)
+    if output.is_dir():
+        raise ConfigError(f"-o {output} is a directory: name the file, e.g. -o {output / 'local.json'}")
     if check:
         if not output.exists():
             raise ConfigError(f"{output}: no such file to check against")
@@ -76,12 +78,15 @@ def run_config_adapt(
             raise H3FlowError(f"{len(lines)} difference(s): rerun `h3flow config-adapt` to update {output}") from None
         console.print(f"[green]✓[/] {output} matches {host_map or 'the embedded default'}")
         return
-    atomic_write_json(output, fresh)
+    try:
+        atomic_write_json(output, fresh, private=True)  # it names hosts, paths and the secret's source
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
     pools = ", ".join(f"{p.work_pool} ({p.role}, {len(p.gpus)}×{p.gpu_model})" for p in config.pools)
     console.print(f"[green]✓[/] wrote {output}: topology {config.topology}, engine {config.engine} — {pools}")
 
 
-@app.command("config-adapt")
+@app.command("config-adapt", rich_help_panel=SET_UP)
 @operator_command
 def config_adapt(
     host_map: Annotated[Optional[Path], typer.Argument(help="host-map.json written by the operator.")] = None,

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
-from h3flow.cli.base import app, console, operator_command
+from h3flow.cli.base import TRY_IT, app, console, operator_command
 from h3flow.core.errors import ConfigError
 from h3flow.core.paths import EXAMPLES_DIR
 
@@ -40,7 +41,7 @@ def ensure_local_config(workdir: Path, base_port: int, engine: str = "local") ->
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
         hm = local_host_map(workdir, base_port, engine=engine)
-        atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))))
+        atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))), private=True)
     elif (have := load_local_config(path).engine) != engine:
         raise ConfigError(f"{path} runs engine {have!r}, not {engine!r}: give another --workdir")
     return path
@@ -50,6 +51,7 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
     from h3flow.cli.runs import finish, print_status, wait_for
     from h3flow.config.models import load_local_config
     from h3flow.ops.lifecycle import start_services, stop_services
+    from h3flow.pipeline.prefect_api import ui_url
     from h3flow.pipeline.runs import start_run
 
     if not batch.exists():
@@ -60,31 +62,34 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
     start_services(config, config_path, console=console)
     try:
         run_id = start_run(batch, config_path)
-        console.print(f"run id: [bold]{run_id}[/]")
+        console.print(Text.assemble("run id: ", (run_id, "bold")), soft_wrap=True)
         manifest = wait_for(run_id, config_path, timeout=900)
         print_status(manifest)
         code = finish(manifest)
         run_dir = Path(config.runs_dir) / manifest.run_id
         outputs = sorted({str(Path(c.output).parent) for c in manifest.clips.values() if c.output})
-        console.print(f"videos:   {', '.join(outputs) or '—'}")
+        lines = [f"videos:   {', '.join(outputs) or '—'}"]
         for name, what in (("gantt.png", "gantt:   "), ("report.md", "report:  "), ("manifest.json", "manifest:")):
             if (run_dir / name).exists():
-                console.print(f"{what} {run_dir / name}")
-        console.print(f"Prefect UI: {config.prefect.api_url.removesuffix('/api')}")
+                lines.append(f"{what} {run_dir / name}")
+        lines.append(f"Prefect UI: {ui_url(config)}")
         if config.engine == "comfy":
-            console.print("ComfyUI:  " + ", ".join(f"{p.comfy_url} ({p.name})" for p in config.pools))
-        console.print(f"demo took {time.monotonic() - t0:.0f} s")
+            lines.append("ComfyUI:  " + ", ".join(f"{p.comfy_url} ({p.name})" for p in config.pools))
+        lines.append(f"demo took {time.monotonic() - t0:.0f} s")
+        for line in lines:  # whole lines, never cut or wrapped (a log keeps them copyable)
+            console.print(Text(line), soft_wrap=True)
         return code
     finally:
         if not keep:
             stop_services(config, config_path, console=console)
         else:
             console.print(
-                f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`"
+                Text(f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`"),
+                soft_wrap=True,
             )
 
 
-@app.command()
+@app.command(rich_help_panel=TRY_IT)
 @operator_command
 def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Leave the services running afterwards.")] = False,

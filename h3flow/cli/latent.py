@@ -15,12 +15,25 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
-from h3flow.cli.base import app, console, latent_app, operator_command, store_app
+from h3flow.cli.base import (
+    LATENTS,
+    app,
+    console,
+    fold_table,
+    latent_app,
+    operator_command,
+    print_json,
+    print_table,
+    store_app,
+)
 from h3flow.core.errors import ConfigError, H3FlowError, IntegrityError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
+
+app.add_typer(latent_app, name="latent", rich_help_panel=LATENTS)
+app.add_typer(store_app, name="store", rich_help_panel=LATENTS)
 
 _SHA_IN_TEXT = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
@@ -57,19 +70,17 @@ def inspect_latent(file: Path, as_json: bool = False) -> None:
             )
         )
         return
-    table = Table(title=f"{file} ({latent_kind(header)})", title_justify="left")
-    for column in ("tensor", "dtype", "shape", "bytes"):
-        table.add_column(column, justify="right" if column == "bytes" else "left")
+    table = fold_table("tensor", "dtype", "shape", "bytes", title=f"{file} ({latent_kind(header)})", right=("bytes",))
     for name, info in tensors.items():
-        table.add_row(name, info["dtype"], "[" + ", ".join(map(str, info["shape"])) + "]", f"{info['bytes']:,}")
-    console.print(table)
+        table.add_row(
+            Text(name), info["dtype"], Text("[" + ", ".join(map(str, info["shape"])) + "]"), f"{info['bytes']:,}"
+        )
+    print_table(table, short=("dtype", "bytes"))
     if meta:
-        details = Table(show_header=True, title="metadata", title_justify="left")
-        details.add_column("key")
-        details.add_column("value", overflow="fold")
-        for key in sorted(meta):
-            details.add_row(key, meta[key] if len(meta[key]) <= 200 else meta[key][:200] + "…")
-        console.print(details)
+        details = fold_table("key", "value", title="metadata")
+        for key in sorted(meta):  # a long value is elided on purpose: --json has it whole
+            details.add_row(Text(key), Text(meta[key] if len(meta[key]) <= 200 else meta[key][:200] + "…"))
+        print_table(details)
     console.print(f"sha256 {sha}  size {size:,} bytes")
 
 
@@ -158,7 +169,7 @@ def run_receiver(
     print("h3flow receiver stopped", flush=True)
 
 
-def verify_store(store: Path, quarantine: bool) -> None:
+def verify_store(store: Path, quarantine: bool, as_json: bool = False) -> None:
     from h3flow.handoff.store import LatentStore
 
     latents = LatentStore(store)
@@ -166,16 +177,25 @@ def verify_store(store: Path, quarantine: bool) -> None:
         raise ConfigError(f"no latent store at {store} (no latents/ folder)")
     total = sum(1 for _ in latents)
     damaged = latents.verify(quarantine=quarantine)
-    if damaged:
-        table = Table(title=f"damaged objects in {store}", title_justify="left")
-        table.add_column("object", overflow="fold")
-        table.add_column("problem", overflow="fold")
+    moved = f"; moved to {latents.root / 'latents-damaged'}" if quarantine and damaged else ""
+    if as_json:
+        print_json(
+            {
+                "store": str(store),
+                "objects": total,
+                "damaged": [{"object": item.path.name, "problem": item.problem} for item in damaged],
+                "quarantined": bool(moved),
+            }
+        )
+    elif damaged:
+        table = fold_table("object", "problem", title=f"damaged objects in {store}")
         for item in damaged:
-            table.add_row(item.path.name, item.problem)
-        console.print(table)
-        moved = f"; moved to {latents.root / 'latents-damaged'}" if quarantine else ""
+            table.add_row(Text(item.path.name), Text(item.problem))
+        print_table(table)
+    if damaged:
         raise IntegrityError(f"{len(damaged)} of {total} objects in {store} are damaged{moved}")
-    console.print(f"ok {total} objects in {store} verified")
+    if not as_json:
+        console.print(Text(f"ok {total} objects in {store} verified"), soft_wrap=True)
 
 
 def gc_store(store: Path, keep: list[str], keep_from: list[Path], dry_run: bool) -> list[str]:
@@ -220,7 +240,7 @@ def latent_verify(
     verify_latent(file, sha256)
 
 
-@app.command()
+@app.command(rich_help_panel=LATENTS)
 @operator_command
 def transfer(
     file: Annotated[Path, typer.Argument(help="The latent file to send.")],
@@ -255,7 +275,7 @@ def transfer(
     )
 
 
-@app.command()
+@app.command(rich_help_panel=LATENTS)
 @operator_command
 def receiver(
     store: Annotated[Path, typer.Option(help="This host's store root.")],
@@ -274,9 +294,10 @@ def receiver(
 def store_verify(
     store: Annotated[Path, typer.Option(help="The store root.")],
     quarantine: Annotated[bool, typer.Option(help="Move damaged objects aside so they can be sent again.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable: the damaged objects as JSON.")] = False,
 ) -> None:
-    """Rehash every object in a store and report damage."""
-    verify_store(store, quarantine)
+    """Rehash every object in a store and report damage (exit 2 if any)."""
+    verify_store(store, quarantine, as_json)
 
 
 @store_app.command("gc")

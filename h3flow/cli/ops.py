@@ -7,8 +7,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from h3flow.cli.base import app, nodes_app, operator_command, patches_app
+from h3flow.cli.base import (
+    BRING_UP,
+    SET_UP,
+    ConfigOpt,
+    app,
+    config_file,
+    nodes_app,
+    operator_command,
+    patches_app,
+)
 from h3flow.core.errors import H3FlowError
+
+app.add_typer(patches_app, name="patches", rich_help_panel=SET_UP)
+app.add_typer(nodes_app, name="nodes", rich_help_panel=SET_UP)
 
 
 @nodes_app.command("install")
@@ -22,7 +34,7 @@ def nodes_install(
         Optional[str], typer.Option("--host", help="A host of local.json (over SSH; its comfy_dir unless --comfy-dir).")
     ] = None,
     link: Annotated[bool, typer.Option("--link", help="Symlink the pack instead of copying it (development).")] = False,
-    config: Annotated[Path, typer.Option("--config", "-c", help="local.json (with --host).")] = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Install the h3flow node pack into a ComfyUI's custom_nodes (idempotent)."""
     if host is not None:
@@ -32,7 +44,7 @@ def nodes_install(
             )
         from h3flow.ops.remote import install_nodes_on_host
 
-        status, target = install_nodes_on_host(config, host, str(comfy_dir) if comfy_dir else None)
+        status, target = install_nodes_on_host(config_file(config), host, str(comfy_dir) if comfy_dir else None)
         typer.echo(f"h3flow_nodes: {status} in {target} on {host}")
         return
     if comfy_dir is None:
@@ -43,46 +55,44 @@ def nodes_install(
     typer.echo(f"{PACK_NAME}: {status} in {Path(comfy_dir) / 'custom_nodes' / PACK_NAME}")
 
 
-@app.command()
+@app.command(rich_help_panel=BRING_UP)
 @operator_command
 def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    config: Annotated[Path, typer.Option("--config", "-c", help="The resolved config (local.json).")] = Path(
-        "local.json"
-    ),
+    config: ConfigOpt = None,
 ) -> None:
     """Step 4: check every host and service before work starts (exit 1 on any ✗)."""
     from h3flow.ops.preflight import run_preflight
 
-    raise typer.Exit(run_preflight(config, as_json))
+    raise typer.Exit(run_preflight(config_file(config), as_json))
 
 
-@app.command("start")
+@app.command("start", rich_help_panel=BRING_UP)
 @operator_command
 def start(
     local: Annotated[
         bool, typer.Option("--local", help="The embedded default: every service on this machine.")
     ] = False,
-    config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Step 5: start the server, ComfyUI, workers and receivers on every host, over SSH (--local: this machine)."""
     from h3flow.ops.lifecycle import run_start
 
-    run_start(config, local)
+    run_start(config_file(config), local)
 
 
-@app.command("stop")
+@app.command("stop", rich_help_panel=BRING_UP)
 @operator_command
 def stop(
     local: Annotated[
         bool, typer.Option("--local", help="The embedded default: every service on this machine.")
     ] = False,
-    config: Annotated[Path, typer.Option("--config", help="The resolved config (local.json).")] = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Stop what `start` started, by PID."""
     from h3flow.ops.lifecycle import run_stop
 
-    run_stop(config, local)
+    run_stop(config_file(config), local)
 
 
 ComfyDirOption = Annotated[Optional[Path], typer.Option(help="ComfyUI checkout (gets comfy-turing-lerp.patch).")]
@@ -96,18 +106,17 @@ PatchHostOption = Annotated[
         help="Do it on this host of local.json over SSH (dirs: paths there; default its comfy_dir / raylight_dir).",
     ),
 ]
-PatchConfigOption = Annotated[Path, typer.Option("--config", "-c", help="local.json (with --host).")]
 
 
 def _patch_reports(
-    action: str, comfy_dir: Optional[Path], raylight_dir: Optional[Path], host: Optional[str], config: Path
+    action: str, comfy_dir: Optional[Path], raylight_dir: Optional[Path], host: Optional[str], config: Optional[Path]
 ) -> list:
     from h3flow.ops import patches
 
     if host is not None:
         from h3flow.ops.remote import patches_on_host
 
-        return patches_on_host(host, action, comfy_dir, raylight_dir, config)
+        return patches_on_host(host, action, comfy_dir, raylight_dir, config_file(config))
     run = patches.check_trees if action == "check" else patches.apply_trees
     return run(comfy_dir, raylight_dir)
 
@@ -118,7 +127,7 @@ def patches_check(
     comfy_dir: ComfyDirOption = None,
     raylight_dir: RaylightDirOption = None,
     host: PatchHostOption = None,
-    config: PatchConfigOption = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Report whether the patches are applied (reverse-check). Exit 0: all applied; 1: some not yet."""
     from h3flow.ops.patches import State
@@ -140,7 +149,7 @@ def patches_apply(
     comfy_dir: ComfyDirOption = None,
     raylight_dir: RaylightDirOption = None,
     host: PatchHostOption = None,
-    config: PatchConfigOption = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Step 1: apply the patches (dry-runs all first; applied ones are left alone)."""
     for report in _patch_reports("apply", comfy_dir, raylight_dir, host, config):

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from h3flow.cli.base import ConfigOpt, app, console, operator_command
+from h3flow.cli.base import SET_UP, ConfigOpt, app, config_file, console, find_config, operator_command
 from h3flow.config.models import HostMap, load_host_map, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
@@ -33,13 +33,13 @@ def hardware(host_map: Path | None, config: Path | None) -> tuple[HostMap, str, 
         raise ConfigError("give --host-map or --config, not both")
     if host_map:
         return load_host_map(host_map), str(host_map), None
-    path = config or (Path("local.json") if Path("local.json").exists() else None)
+    path = find_config(config)
     if path is None:
         raise ConfigError(
             "no hardware to plan for: pass --host-map host-map.json (e.g. examples/host-map.example.json) "
-            "or --config local.json"
+            "or --config local.json (none in $H3FLOW_CONFIG, ./local.json or ./.h3flow/local.json)"
         )
-    local = load_local_config(path)
+    local = load_local_config(config_file(path))
     return host_map_of(local), str(path), local.topology
 
 
@@ -249,7 +249,7 @@ def _label(ev: Evaluation, rec, out: dict) -> str:
     return name
 
 
-@app.command()
+@app.command(rich_help_panel=SET_UP)
 @operator_command
 def plan(
     spec: Annotated[Optional[str], typer.Option(help="Plan --clips clips of this spec: sd | hd (default sd).")] = None,
@@ -267,7 +267,12 @@ def plan(
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     host_map: Annotated[Optional[Path], typer.Option("--host-map", help="The hardware, as a host-map.json.")] = None,
     config: Annotated[
-        Optional[Path], typer.Option(help="The hardware, as a local.json (default: ./local.json).")
+        Optional[Path],
+        typer.Option(
+            "--config",
+            "-c",
+            help="The hardware, as a local.json (default: $H3FLOW_CONFIG, else ./local.json, else ./.h3flow/local.json).",
+        ),
     ] = None,
     policy: Annotated[
         str,
@@ -299,7 +304,7 @@ def plan(
     )
 
 
-@app.command()
+@app.command(rich_help_panel=SET_UP)
 @operator_command
 def calibrate(
     run_ids: Annotated[list[str], typer.Argument(help="Finished runs to learn stage times from.")],
@@ -307,11 +312,11 @@ def calibrate(
         "profile.toml"
     ),
     base: Annotated[Optional[Path], typer.Option(help="Profile to start from (default: the shipped one).")] = None,
-    config: ConfigOpt = Path("local.json"),
+    config: ConfigOpt = None,
 ) -> None:
     """Fit the planner's profile from the measured stage durations of runs (`plan --profile` reads it)."""
     from h3flow.pipeline.calibration import run_calibrate
 
-    for note in run_calibrate(run_ids, config, output, base):
+    for note in run_calibrate(run_ids, config_file(config), output, base):
         console.print(f"  {note}")
     console.print(f"[green]✓[/] wrote {output}")

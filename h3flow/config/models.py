@@ -14,9 +14,10 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from h3flow.core.errors import ConfigError
 from h3flow.core.jsonio import format_validation_error, load_json_file
@@ -28,8 +29,86 @@ ENGINES: tuple[EngineName, ...] = ("local", "comfy")
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# what decides which code a process loads: never set per host through the config
+LOADER_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+LOADER_PREFIXES = ("LD_", "DYLD_")
+
+
+def _strings(value: object) -> list[str]:
+    """The strings a field holds directly (itself, a list's items, a dict's keys and values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, str)]
+    if isinstance(value, dict):
+        return [s for kv in value.items() for s in kv if isinstance(s, str)]
+    return []
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _no_control_characters(cls, value: Any) -> Any:
+        """No NUL, newline or other control character in any path, name or value: they
+        end up in file names, command lines and environments."""
+        for text in _strings(value):
+            if found := CONTROL.search(text):
+                raise ValueError(f"{text!r} contains a control character ({found.group()!r})")
+        return value
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValueError(
+                f"env name {name!r} is not a variable name (letters, digits and _, not starting with a digit)"
+            )
+        if name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES):
+            raise ValueError(
+                f"env {name}: loader variables ({', '.join(LOADER_VARIABLES)}, LD_*, DYLD_*) would change the code "
+                "every h3flow process on the host loads; install libraries into the host's venv instead"
+            )
+    return env
+
+
+Env = Annotated[dict[str, str], AfterValidator(_check_env)]
+
+
+def _check_api_url(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+        raise ValueError(f"{url!r} is not an http(s) URL with a host, e.g. http://10.10.0.1:4200/api")
+    return url
+
+
+def _check_cron(cron: str) -> str:
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError
+
+    try:
+        CronSim(cron, datetime(2020, 1, 1))
+    except CronSimError as exc:
+        raise ValueError(f"{cron!r} is not a cron schedule ({exc}); e.g. '0 3 * * *' is 03:00 daily") from None
+    return cron
+
+
+def _check_timezone(name: str) -> str:
+    from zoneinfo import ZoneInfo
+
+    try:
+        ZoneInfo(name)
+    except (KeyError, ValueError):  # ZoneInfoNotFoundError is a KeyError
+        raise ValueError(f"unknown time zone {name!r} (an IANA name such as UTC or Europe/Paris)") from None
+    return name
 
 
 # --------------------------------------------------------------------------- host map
@@ -70,7 +149,7 @@ class Host(Strict):
     gpus: list[Gpu] = Field(default_factory=list)
     roles: list[Role] = Field(min_length=1)
     storage: Storage
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _gpus_unique(self) -> Host:
@@ -115,13 +194,13 @@ class Transfer(Strict):
 
 
 class Schedule(Strict):
-    cron: str = Field(min_length=9)
-    timezone: str = "UTC"
+    cron: Annotated[str, AfterValidator(_check_cron)] = Field(min_length=9)
+    timezone: Annotated[str, AfterValidator(_check_timezone)] = "UTC"
     inbox: str = Field(min_length=1)
 
 
 class PrefectSettings(Strict):
-    api_url: str = Field(pattern=r"^https?://")
+    api_url: Annotated[str, AfterValidator(_check_api_url)]
     schedule: Schedule | None = None
 
 
@@ -196,7 +275,7 @@ class ResolvedHost(Strict):
     roles: list[Role]
     gpus: list[Gpu]
     storage: ResolvedStorage
-    env: dict[str, str]
+    env: Env
 
 
 class Pool(Strict):
@@ -214,7 +293,7 @@ class Pool(Strict):
     comfy_url: str
     comfy_port: int
     encoder_pool: str | None = Field(description="the pool whose ComfyUI encodes this pool's clips")
-    env: dict[str, str]
+    env: Env
 
 
 class Route(Strict):

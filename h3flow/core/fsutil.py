@@ -19,16 +19,19 @@ from typing import Any
 
 from h3flow_nodes.files import (
     CHUNK,
+    PRIVATE,
     atomic_path,
     atomic_write_bytes,
     atomic_writer,
     fsync_dir,
     sha256_bytes,
     sha256_file,
+    shared_mode,
 )
 
 __all__ = [
     "CHUNK",
+    "PRIVATE",
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -40,6 +43,7 @@ __all__ = [
     "sha256_bytes",
     "sha256_file",
     "sha256_json",
+    "shared_mode",
 ]
 
 
@@ -52,13 +56,13 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, private: bool = False) -> None:
+    atomic_write_bytes(path, text.encode(), private=private)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, private: bool = False) -> None:
     """Pretty, key-sorted JSON with a trailing newline: stable bytes for stable input."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", private=private)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from h3flow.core.errors import H3FlowError, IntegrityError
+from h3flow.core.errors import H3FlowError, IntegrityError, WriteError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import CHUNK, fsync_dir, sha256_file
 
@@ -131,12 +131,18 @@ class LatentStore:
                 if move:
                     src.unlink(missing_ok=True)
                 return self.ref(expected_sha256)
-        ref: FileRef | None = self._put_linked(src, expected_sha256) if (move or link) else None
-        if ref is None:
-            with self.temp_file("local") as (handle, temp):
-                sha = _copy_hashing(src, handle)
-                _check_expected(src, sha, expected_sha256)
-                ref = self.commit(temp, sha)
+        try:
+            ref: FileRef | None = self._put_linked(src, expected_sha256) if (move or link) else None
+            if ref is None:
+                with self.temp_file("local") as (handle, temp):
+                    sha = _copy_hashing(src, handle)
+                    _check_expected(src, sha, expected_sha256)
+                    ref = self.commit(temp, sha)
+        except OSError as exc:  # a full disk: say where and what to do, and do not retry
+            wrapped = WriteError.wrap(exc, self.root)
+            if wrapped is exc:
+                raise
+            raise wrapped from None
         if move:
             src.unlink(missing_ok=True)
         return ref
@@ -235,10 +241,14 @@ def _copy_hashing(src: Path, handle: IO[bytes]) -> str:
         with open(src, "rb") as source:
             while block := source.read(CHUNK):
                 digest.update(block)
-                handle.write(block)
+                view = memoryview(block)
+                while view:  # an unbuffered write may be short (a filling disk): the rest, or ENOSPC
+                    view = view[handle.write(view) :]
     except FileNotFoundError:
         raise H3FlowError(f"latent file not found: {src}") from None
     except OSError as exc:
+        if WriteError.covers(exc):
+            raise  # the store's disk: put_file names it
         raise H3FlowError(f"cannot copy {src} into the store: {exc.strerror or exc}") from None
     handle.flush()
     os.fsync(handle.fileno())

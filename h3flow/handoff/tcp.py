@@ -560,5 +560,5 @@ def _refusal(reply: dict[str, Any], where: str) -> H3FlowError:
     if kind == "auth":
         return H3FlowError(f"the {where} refused the request: {error} (wrong shared secret?)")
     if kind == "disk_full":
-        return H3FlowError(f"the {where} is out of space: {error}")
+        return H3FlowError(f"the {where} is out of space: {error}: free space there and `h3flow resume`")
     return H3FlowError(f"the {where} refused the latent ({kind}): {error}")

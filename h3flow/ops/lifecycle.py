@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from h3flow.config.models import LocalConfig, load_local_config
@@ -349,17 +350,17 @@ def _uptime(seconds: float | None) -> str:
 def render_status(states: Sequence[ServiceState]) -> Table:
     table = Table(title="services", title_justify="left")
     for column in ("service", "host", "state", "pid", "uptime", "health"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # never cut a name or a detail short
     for st in states:
         running = st.proc.running
-        health = "—" if st.healthy is None else ("[green]✓[/] " if st.healthy else "[red]✗[/] ") + st.detail
+        health = "—" if st.healthy is None else ("[green]✓[/] " if st.healthy else "[red]✗[/] ") + escape(st.detail)
         table.add_row(
             st.spec.name,
             st.spec.host,
             "[green]running[/]" if running else "[red]stopped[/]",
             str(st.proc.pid) if running else "—",
             _uptime(st.uptime),
-            health if running else (st.detail or "—"),
+            health if running else (escape(st.detail) or "—"),
         )
     return table
 

@@ -2,18 +2,22 @@
 
 :func:`prefect_api` points Prefect's client at the config's server (never an ephemeral
 one, whatever the caller's environment says); :class:`PrefectApi` is the handful of
-calls the dispatcher makes, in one place so tests can stand in for it.
+calls the dispatcher makes, in one place so tests can stand in for it. The functions at
+the end are what the operator's commands ask about a run (``status`` links, ``logs``,
+``cancel``): a run's flow runs are its batch (dispatcher) runs, by id, and every flow
+run tagged ``h3flow-run:<id>`` (the clips' children, named ``[<run>/]<clip>·<stage>·<pool>``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -26,6 +30,10 @@ from h3flow.pipeline.results import StageResult, results_from_rows
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 UNAVAILABLE: tuple[type[BaseException], ...] = (httpx.HTTPError, ConnectionError, TimeoutError)
 """What a busy, restarting or unreachable Prefect server raises (waited out, not a defect)."""
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import FlowRun
 
 
 @contextlib.contextmanager
@@ -313,3 +321,176 @@ class PrefectApi:
 
 def _nothing() -> None:
     """The body of the task run that stands for a child in its parent (never called)."""
+
+
+# --------------------------------------------------------------------------- a run, as the operator asks about it
+@contextlib.contextmanager
+def api_client(config: LocalConfig) -> Iterator[SyncPrefectClient]:
+    """A sync client of the config's server; a server that cannot be reached (or that
+    answers with an error) is one H3FlowError naming it."""
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    try:
+        with prefect_api(config), get_client(sync_client=True) as client:
+            yield client
+    except httpx.HTTPError as exc:
+        raise H3FlowError(
+            f"Prefect server at {config.prefect.api_url}: {exc or type(exc).__name__} (is `h3flow start` done?)"
+        ) from None
+
+
+def ui_url(config: LocalConfig) -> str:
+    """The Prefect UI's address: the API URL without its ``/api``."""
+    return config.prefect.api_url.rstrip("/").removesuffix("/api")
+
+
+def flow_run_link(config: LocalConfig, flow_run_id: str) -> str:
+    return f"{ui_url(config)}/runs/flow-run/{flow_run_id}"
+
+
+@dataclass(frozen=True)
+class RunFlowRun:
+    """One flow run of an h3flow run: the batch (``clip`` None) or a clip's child."""
+
+    id: str
+    name: str
+    state: str  # the state type: SCHEDULED, RUNNING, COMPLETED, CANCELLING, ...
+    state_name: str  # what the UI shows: Late, Cached, Cancelling, ...
+    clip: str | None
+    stage: str | None  # sample | decode
+    pool: str | None
+    link: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def child_name_parts(name: str, run_id: str) -> tuple[str, str, str] | None:
+    """``[<run>/]<clip>·<stage>·<pool>`` -> (clip, stage, pool); None for any other name."""
+    bare = name.removeprefix(f"{run_id}/")
+    parts = bare.split("·")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 and all(parts) else None
+
+
+def _describe(config: LocalConfig, run: FlowRun, run_id: str) -> RunFlowRun:
+    child = child_name_parts(run.name, run_id)
+    return RunFlowRun(
+        id=str(run.id),
+        name=run.name,
+        state=run.state_type.value if run.state_type else "PENDING",
+        state_name=run.state_name or (run.state_type.value.title() if run.state_type else "Pending"),
+        clip=child[0] if child else None,
+        stage=child[1] if child else None,
+        pool=child[2] if child else None,
+        link=flow_run_link(config, str(run.id)),
+    )
+
+
+def _read_run_flow_runs(
+    client: SyncPrefectClient, config: LocalConfig, run_id: str, batch_ids: Sequence[str]
+) -> list[RunFlowRun]:
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    found: dict[str, RunFlowRun] = {}
+    if batch_ids:
+        by_id = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(i) for i in batch_ids]))
+        for run in client.read_flow_runs(flow_run_filter=by_id):
+            found[str(run.id)] = _describe(config, run, run_id)
+    offset, page = 0, 200
+    while True:  # a big batch has thousands of children: read them a page at a time
+        tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag(run_id)]))
+        runs = client.read_flow_runs(
+            flow_run_filter=tagged, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=page, offset=offset
+        )
+        for run in runs:
+            found[str(run.id)] = _describe(config, run, run_id)
+        if len(runs) < page:
+            break
+        offset += page
+    batch = [found[i] for i in batch_ids if i in found]
+    return batch + [r for r in found.values() if r.clip is not None or r.id not in batch_ids]
+
+
+def run_flow_runs(config: LocalConfig, run_id: str, batch_ids: Sequence[str]) -> list[RunFlowRun]:
+    """The run's batch flow runs (``batch_ids``, oldest first), then every flow run tagged with the run."""
+    with api_client(config) as client:
+        return _read_run_flow_runs(client, config, run_id, batch_ids)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    timestamp: str  # ISO 8601, UTC
+    level: str
+    flow_run: str  # the flow run's name
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flow_run_logs(config: LocalConfig, runs: Sequence[RunFlowRun]) -> list[LogLine]:
+    """Every log line of these flow runs, oldest first."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    if not runs:
+        return []
+    names = {r.id: r.name for r in runs}
+    lines: list[LogLine] = []
+    with api_client(config) as client:
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(r.id) for r in runs]))
+        offset, page = 0, 200
+        while True:
+            logs = client.read_logs(log_filter=log_filter, limit=page, offset=offset, sort=LogSort.TIMESTAMP_ASC)
+            lines += [
+                LogLine(
+                    timestamp=log.timestamp.astimezone(UTC).isoformat(timespec="milliseconds"),
+                    level=logging.getLevelName(log.level),
+                    flow_run=names.get(str(log.flow_run_id), str(log.flow_run_id)),
+                    message=log.message,
+                )
+                for log in logs
+            ]
+            if len(logs) < page:
+                return lines
+            offset += page
+
+
+def cancel_run_flow_runs(config: LocalConfig, run_id: str, batch_ids: Sequence[str]) -> list[RunFlowRun]:
+    """Cancel the run's batch flow runs, then its children that have not ended, the way the
+    UI's Cancel does (a Cancelling state: a worker stops what runs, the server cancels what
+    is only scheduled). Returns each flow run it asked to cancel, in its state afterwards.
+
+    Children the dispatcher submitted while this ran are caught by a second pass.
+    """
+    from uuid import UUID
+
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    done: dict[str, RunFlowRun] = {}
+    with api_client(config) as client:
+        for _ in range(3):
+            todo = [
+                r
+                for r in _read_run_flow_runs(client, config, run_id, batch_ids)
+                if not r.terminal and r.id not in done and r.state != "CANCELLING"
+            ]
+            if not todo:
+                break
+            for run in sorted(todo, key=lambda r: r.clip is not None):  # the batch first: it submits no more
+                state = State(type=StateType.CANCELLING, message=f"cancelled with `h3flow cancel {run_id}`")
+                client.set_flow_run_state(UUID(run.id), state)
+                got = client.read_flow_run(UUID(run.id))
+                done[run.id] = _describe(config, got, run_id)
+    return list(done.values())

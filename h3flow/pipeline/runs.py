@@ -1,4 +1,4 @@
-"""Run control: deploy, start a run, follow it, resume it — what the CLI, demo and benchmarks call.
+"""Run control: deploy, start a run, follow it, resume it, list runs — what the CLI, demo and benchmarks call.
 
 No shared disk is assumed. ``start_run`` validates the batch, hashes and stages its
 images where the encoders will read them, and submits the ``batch/run`` deployment with
@@ -7,15 +7,18 @@ only writer. ``watch_run`` follows a run through Prefect alone (the batch flow r
 its children). Reading a manifest and checking what each host's store holds are
 passed in (:data:`ManifestReader`, :data:`Inventory`): here, on this machine's disk
 (the embedded default); the CLI passes the host agents' versions for a cluster.
+``list_runs`` is every run under runs_dir; ``run_flow_runs`` / ``run_logs`` / ``cancel_run``
+ask Prefect about one run's flow runs (:mod:`h3flow.pipeline.prefect_api`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.batch import Batch, load_batch
@@ -26,6 +29,9 @@ from h3flow.handoff.inventory import HostFiles, check_host_files
 from h3flow.pipeline.manifest import HEARTBEAT_S, STALE_AFTER, ClipState, Manifest, load_manifest, new_run_id
 from h3flow.pipeline.prefect_api import PrefectApi, RunProgress, prefect_api
 from h3flow.pipeline.run_report import summary
+
+if TYPE_CHECKING:
+    from h3flow.pipeline.prefect_api import LogLine, RunFlowRun
 
 ManifestReader = Callable[[str], Manifest]
 """run id -> that run's manifest, wherever the dispatcher keeps it."""
@@ -145,6 +151,87 @@ def watch_run(
             if deadline and time.monotonic() > deadline:
                 raise H3FlowError(f"run {run_id} still running after {timeout:g} s")
             time.sleep(every)  # the poll interval of a reader, not synchronisation
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``h3flow runs``."""
+
+    run_id: str
+    batch: str
+    state: str  # the manifest's, or "unreadable"
+    clips: int
+    counts: dict[str, int]  # clips per state
+    created: str | None  # ISO 8601
+    updated: str | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "batch": self.batch,
+            "state": self.state,
+            "clips": self.clips,
+            "counts": self.counts,
+            "created": self.created,
+            "updated": self.updated,
+            "error": self.error,
+        }
+
+
+def list_runs(config: LocalConfig, limit: int | None = 20) -> list[RunSummary]:
+    """The runs under runs_dir, most recently changed first (at most ``limit``; None: all).
+
+    Only the manifests listed are read; one that cannot be read is listed as "unreadable".
+    """
+    root = Path(config.runs_dir)
+    found = [(path.stat().st_mtime, path.parent.name) for path in root.glob("*/manifest.json")] if root.is_dir() else []
+    out: list[RunSummary] = []
+    for _, run_id in sorted(found, reverse=True)[:limit]:
+        try:
+            manifest = load_manifest(root, run_id)
+        except H3FlowError as exc:
+            out.append(RunSummary(run_id, "?", "unreadable", 0, {}, None, None, str(exc)))
+            continue
+        counts = Counter(rec.state for rec in manifest.clips.values())
+        out.append(
+            RunSummary(
+                run_id=run_id,
+                batch=manifest.batch_name,
+                state=manifest.state,
+                clips=len(manifest.clips),
+                counts=dict(sorted(counts.items())),
+                created=manifest.created,
+                updated=manifest.updated,
+                error=manifest.error,
+            )
+        )
+    return out
+
+
+def run_flow_runs(config: LocalConfig, manifest: Manifest) -> list[RunFlowRun]:
+    """The run's flow runs in Prefect: its batch runs, then its clips' children."""
+    from h3flow.pipeline.prefect_api import run_flow_runs as read
+
+    return read(config, manifest.run_id, manifest.flow_run_ids)
+
+
+def run_logs(config: LocalConfig, manifest: Manifest, clip: str | None = None) -> list[LogLine]:
+    """The Prefect logs of the run's batch flow runs, or (``clip``) of that clip's children."""
+    from h3flow.pipeline.prefect_api import flow_run_logs
+
+    if clip is not None and clip not in manifest.clips:
+        raise H3FlowError(f"run {manifest.run_id} has no clip {clip!r} (clips: {', '.join(manifest.clips)})")
+    runs = [r for r in run_flow_runs(config, manifest) if r.clip == clip]
+    return flow_run_logs(config, runs)
+
+
+def cancel_run(config: LocalConfig, manifest: Manifest) -> list[RunFlowRun]:
+    """Cancel the run's batch flow runs and its children that have not ended (see
+    :func:`h3flow.pipeline.prefect_api.cancel_run_flow_runs`)."""
+    from h3flow.pipeline.prefect_api import cancel_run_flow_runs
+
+    return cancel_run_flow_runs(config, manifest.run_id, manifest.flow_run_ids)
 
 
 # --------------------------------------------------------------------------- resuming

@@ -1,0 +1,164 @@
+"""status links, logs and cancel against a real Prefect server (no workers needed).
+
+The server is the embedded default's own (started by h3flow's service code); a run's
+flow runs are created through the API the way the dispatcher creates them: a batch run
+named after the run, children tagged ``h3flow-run:<id>`` and named ``<clip>·<stage>·<pool>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from cluster import quiet  # tests/ is on sys.path (rootdir conftest)
+from test_cli import make_config, make_run, runner
+
+from h3flow.cli import app
+from h3flow.config.models import LocalConfig, load_local_config
+from h3flow.core.contracts import run_tag
+from h3flow.pipeline.manifest import load_manifest, save_manifest
+from h3flow.pipeline.prefect_api import api_client
+
+pytestmark = pytest.mark.prefect
+
+CLIPS = ["lake-sunrise-wide-0001", "lake-sunrise-wide-0002", "mountain-pass-at-dusk-with-fog-03"]
+
+
+@dataclass
+class Server:
+    config_path: Path
+
+    @property
+    def config(self) -> LocalConfig:
+        return load_local_config(self.config_path)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from h3flow.ops.lifecycle import bring_down, bring_up, runners
+    from h3flow.ops.services import service_specs
+
+    path = make_config(tmp_path_factory.mktemp("prefect") / "wd")
+    config = load_local_config(path)
+    specs = [s for s in service_specs(config, path) if s.kind == "prefect-server"]
+    with runners(config) as runner_for:
+        bring_up(specs, runner_for, timeout=180, console=quiet)
+        try:
+            yield Server(path)
+        finally:
+            bring_down(specs, runner_for, console=quiet)
+
+
+def make_flow_runs(server: Server, run_id: str) -> dict[str, str]:
+    """The batch run (running, two log lines) and three children: running, scheduled, completed."""
+    from prefect import flow
+    from prefect.client.schemas.actions import LogCreate
+    from prefect.states import Completed, Running, Scheduled
+
+    batch_flow = flow(name="batch")(lambda: None)  # stand-ins: only their names reach the server
+    child_flow = flow(name="sample-clip")(lambda: None)
+    ids: dict[str, str] = {}
+    with api_client(server.config) as client:
+        batch = client.create_flow_run(batch_flow, name=run_id, state=Running())
+        ids["batch"] = str(batch.id)
+        children = [
+            (CLIPS[0], "sample", "a0", Running()),
+            (CLIPS[1], "sample", "a1", Scheduled()),
+            (CLIPS[2], "decode", "b", Completed()),
+        ]
+        for clip, stage, pool, state in children:
+            name = f"{run_id}/{clip}·{stage}·{pool}" if clip == CLIPS[1] else f"{clip}·{stage}·{pool}"
+            run = client.create_flow_run(child_flow, name=name, tags=[run_tag(run_id)], state=state)
+            ids[clip] = str(run.id)
+        other = client.create_flow_run(child_flow, name=f"{CLIPS[0]}·sample·a0", tags=[run_tag("another-run")])
+        ids["other"] = str(other.id)
+        lines = [
+            (ids["batch"], f"{CLIPS[0]}: routed to a0 [pool 1/2]"),
+            (ids["batch"], f"{CLIPS[2]}: failed: pattern '^[a-z]$'"),
+            (ids[CLIPS[0]], "sampling 6 steps"),
+            (ids["other"], "not this run's"),
+        ]
+        client.create_logs(
+            [
+                LogCreate(name="prefect.flow_runs", level=20, message=message, timestamp=_ts(i), flow_run_id=UUID(fid))
+                for i, (fid, message) in enumerate(lines)
+            ]
+        )
+    manifest = load_manifest(server.config.runs_dir, run_id)  # the dispatcher records its own flow run
+    manifest.flow_run_ids = [ids["batch"]]
+    save_manifest(server.config.runs_dir, manifest)
+    return ids
+
+
+def _ts(i: int):
+    from datetime import UTC, datetime, timedelta
+
+    return datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=i)
+
+
+def test_status_shows_each_clips_ui_link(server: Server) -> None:
+    run_id = make_run(server.config_path, "links-20250101-000000-0001", CLIPS)
+    ids = make_flow_runs(server, run_id)
+    ui = server.config.prefect.api_url.removesuffix("/api")
+    res = runner.invoke(app, ["status", run_id, "-c", str(server.config_path), "--json"])
+    assert res.exit_code == 0, res.output
+    prefect = json.loads(res.output)["prefect"]
+    assert [r["link"] for r in prefect["batch"]] == [f"{ui}/runs/flow-run/{ids['batch']}"]
+    for clip in CLIPS:
+        assert [r["link"] for r in prefect[clip]] == [f"{ui}/runs/flow-run/{ids[clip]}"]
+    assert prefect[CLIPS[1]][0]["stage"] == "sample" and prefect[CLIPS[2]][0]["state"] == "COMPLETED"
+    res = runner.invoke(app, ["status", run_id, "-c", str(server.config_path)])
+    assert res.exit_code == 0
+    for clip in CLIPS:
+        assert f"{ui}/runs/flow-run/{ids[clip]}\n" in res.output  # one line each, whole
+    assert ids["other"] not in res.output
+
+
+def test_logs_of_the_batch_run_and_of_one_clip(server: Server) -> None:
+    run_id = make_run(server.config_path, "logs-20250101-000000-0001", CLIPS)
+    make_flow_runs(server, run_id)
+    res = runner.invoke(app, ["logs", run_id, "-c", str(server.config_path)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        f"12:00:00.000 INFO    {run_id}: {CLIPS[0]}: routed to a0 [pool 1/2]",
+        f"12:00:01.000 INFO    {run_id}: {CLIPS[2]}: failed: pattern '^[a-z]$'",
+    ]
+    res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(server.config_path), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["logs"]
+    assert [(line["flow_run"], line["message"]) for line in got] == [(f"{CLIPS[0]}·sample·a0", "sampling 6 steps")]
+    res = runner.invoke(app, ["logs", run_id, "no-such-clip", "-c", str(server.config_path)])
+    assert res.exit_code == 2 and "has no clip 'no-such-clip'" in res.output
+
+
+def test_cancel_cancels_the_batch_and_the_children_that_have_not_ended(server: Server) -> None:
+    from prefect.client.schemas.objects import StateType
+
+    run_id = make_run(server.config_path, "cancel-20250101-000000-0001", CLIPS)
+    ids = make_flow_runs(server, run_id)
+    res = runner.invoke(app, ["cancel", run_id, "-c", str(server.config_path), "--json"])
+    assert res.exit_code == 0, res.output
+    cancelled = {r["id"]: r["state"] for r in json.loads(res.output)["cancelled"]}
+    assert cancelled == {
+        ids["batch"]: "CANCELLING",  # running: its worker stops it
+        ids[CLIPS[0]]: "CANCELLING",
+        ids[CLIPS[1]]: "CANCELLED",  # only scheduled: the server cancels it at once
+    }
+    with api_client(server.config) as client:
+        states = {k: client.read_flow_run(UUID(v)).state_type for k, v in ids.items()}
+    assert states[CLIPS[2]] == StateType.COMPLETED and states["other"] == StateType.PENDING  # left alone
+    res = runner.invoke(app, ["cancel", run_id, "-c", str(server.config_path)])
+    assert res.exit_code == 0 and "nothing to cancel" in res.output
+
+
+def test_an_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    path = make_config(tmp_path / "wd")
+    run_id = make_run(path)
+    res = runner.invoke(app, ["logs", run_id, "-c", str(path)])
+    assert res.exit_code == 2
+    assert res.output.startswith(f"error: Prefect server at {load_local_config(path).prefect.api_url}: ")
+    assert res.output.count("\n") == 1
