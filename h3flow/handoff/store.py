@@ -181,12 +181,20 @@ class LatentStore:
             if actual != name:
                 damaged.append(Damage(name, path, f"bytes hash to {actual}"))
         if quarantine:
-            jail = self.root / "latents-damaged"
             for item in damaged:
-                jail.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(OSError):
-                    os.replace(item.path, jail / f"{item.path.name}.{int(time.time())}")
+                self.quarantine(item.path)
         return damaged
+
+    def quarantine(self, path: Path) -> bool:
+        """Move a damaged object to ``<root>/latents-damaged/`` (kept for a look, out of the
+        store's way: the next transfer of that latent stores a good copy). True if moved."""
+        jail = self.root / "latents-damaged"
+        jail.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(path, jail / f"{Path(path).name}.{int(time.time())}")
+        except OSError:
+            return False
+        return True
 
     def gc(self, referenced: set[str], *, dry_run: bool = False) -> list[str]:
         """Remove objects whose SHA-256 is not in ``referenced`` (and stale temp files).

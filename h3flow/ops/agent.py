@@ -11,7 +11,8 @@ use, so checking it is checking them. The remote venv must hold the same h3flow
 
 Ops: ``spawn``, ``stop``, ``port_free`` (the runner's), ``facts`` (what preflight
 checks), ``link_probe`` (RTT + a 13 MB transfer to each decoder), ``patches``,
-``nodes_install``. An :class:`~h3flow.core.errors.H3FlowError` becomes ``{"error": ...}``.
+``nodes_install``, ``inventory`` (which latents and MP4s the host's store holds, verified
+by SHA-256, for ``resume``). An :class:`~h3flow.core.errors.H3FlowError` becomes ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def _spec(req: Request) -> Any:
         pidfile=req["pidfile"],
         health=HttpHealth(""),
         stop_grace=float(req.get("stop_grace", 15.0)),
+        stop_signal=int(req.get("stop_signal", 15)),
+        secret_env={name: (ref[0], ref[1]) for name, ref in req.get("secret_env", {}).items()},
+        user=req.get("user"),
+        setup=tuple(tuple(command) for command in req.get("setup", [])),
     )
 
 
@@ -313,7 +318,63 @@ def op_nodes_install(req: Request) -> dict[str, Any]:
     return {"status": status, "target": str(comfy_dir / "custom_nodes" / PACK_NAME)}
 
 
+# --------------------------------------------------------------------------- what a host's store holds
+def _verdict(path: Path, sha256: str, quarantine: Callable[[Path], bool] | None) -> str:
+    """``ok`` (bytes hash to ``sha256``), ``missing``, ``damaged``, or ``quarantined`` (damaged, moved aside)."""
+    from h3flow.core.files import file_intact
+
+    if not path.is_file():
+        return "missing"
+    if file_intact(path, sha256):
+        return "ok"
+    return "quarantined" if quarantine is not None and quarantine(path) else "damaged"
+
+
+def _quarantine_output(outputs_root: Path) -> Callable[[Path], bool]:
+    def move(path: Path) -> bool:
+        jail = outputs_root.parent / "outputs-damaged"
+        jail.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(path, jail / f"{path.parent.name}-{path.name}.{int(time.time())}")
+        except OSError:
+            return False
+        return True
+
+    return move
+
+
+def op_inventory(req: Request) -> dict[str, Any]:
+    """Which of the given latents (by SHA-256) this host's store holds, and which of the given
+    MP4s (path + expected SHA-256) its outputs hold, each verified by re-hashing it.
+
+    Request: ``{"store_root", "outputs_root", "latents": [sha], "outputs": [{"path", "sha256"}],
+    "quarantine": bool}``. Answer: ``{"latents": {sha: verdict}, "outputs": {path: verdict}}``
+    with verdicts ``ok`` / ``missing`` / ``damaged`` / ``quarantined`` (with ``quarantine``,
+    damaged latents go to ``<store>/latents-damaged/`` and damaged MP4s to
+    ``<outputs>/../outputs-damaged/``, so a re-made copy can take their place). Only paths
+    under ``outputs_root`` are looked at.
+    """
+    from h3flow.handoff.store import LatentStore, check_sha256
+
+    store = LatentStore(Path(req["store_root"]))
+    outputs_root = Path(req["outputs_root"]).resolve()
+    quarantine = bool(req.get("quarantine", False))
+    latents = {}
+    for sha in req.get("latents", []):
+        latents[sha] = _verdict(store.path_for(check_sha256(sha)), sha, store.quarantine if quarantine else None)
+    outputs = {}
+    for item in req.get("outputs", []):
+        path = Path(item["path"])
+        if outputs_root not in path.resolve().parents:
+            raise H3FlowError(f"{item['path']!r} is not under this host's outputs ({outputs_root})")
+        check_sha256(item["sha256"])
+        jail = _quarantine_output(outputs_root) if quarantine else None
+        outputs[item["path"]] = _verdict(path, item["sha256"], jail)
+    return {"latents": latents, "outputs": outputs}
+
+
 OPS: dict[str, Callable[[Request], dict[str, Any]]] = {
+    "inventory": op_inventory,
     "spawn": op_spawn,
     "stop": op_stop,
     "port_free": op_port_free,

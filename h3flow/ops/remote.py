@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
-from h3flow.config.models import load_local_config
+from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.paths import PATCHES_DIR
 from h3flow.ops.comfy_install import PACK_SOURCE, _pack_files
@@ -64,3 +65,41 @@ def install_nodes_on_host(config_path: Path, host: str, comfy_dir: str | None = 
     with connected(config, host) as runner:
         answer = runner.agent("nodes_install", {"comfy_dir": target, "files": files}, timeout=120.0)
     return answer["status"], answer["target"]
+
+
+def store_inventory(
+    config: LocalConfig,
+    host: str,
+    latents: list[str],
+    outputs: list[tuple[str, str]],
+    *,
+    quarantine: bool = False,
+) -> dict[str, dict[str, str]]:
+    """Ask a host what its store and outputs hold, verified by SHA-256 there (for ``resume``).
+
+    ``latents``: SHA-256s of latents that should be in the host's store; ``outputs``:
+    ``(path, sha256)`` of MP4s that should be in its outputs. Returns ``{"latents": {sha:
+    verdict}, "outputs": {path: verdict}}``, verdicts ``ok`` / ``missing`` / ``damaged`` /
+    ``quarantined`` (``quarantine``: damaged objects are moved aside there, so re-made ones
+    can be stored). The embedded default (a local.json with a work_dir) answers here, a
+    cluster host through its h3flow agent over SSH: no store is ever read as a local path
+    of another host.
+    """
+    if host not in config.hosts:
+        raise ConfigError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    storage = config.hosts[host].storage
+    request: dict[str, Any] = {
+        "store_root": storage.root,
+        "outputs_root": storage.outputs,
+        "latents": list(latents),
+        "outputs": [{"path": path, "sha256": sha} for path, sha in outputs],
+        "quarantine": quarantine,
+    }
+    if config.work_dir:
+        from h3flow.ops.agent import op_inventory
+
+        answer = op_inventory(request)
+    else:
+        with connected(config, host) as runner:
+            answer = runner.agent("inventory", request, timeout=600.0)
+    return {"latents": dict(answer["latents"]), "outputs": dict(answer["outputs"])}
