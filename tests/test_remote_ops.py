@@ -31,8 +31,8 @@ from h3flow.cli import app
 from h3flow.config.models import ResolvedHost
 from h3flow.core.errors import H3FlowError, TransientError
 from h3flow.ops.lifecycle import _served_elsewhere, bring_down, bring_up, probe_all
-from h3flow.ops.services import HttpHealth, ServiceSpec, remote_specs
 from h3flow.ops.remote import store_inventory
+from h3flow.ops.services import HttpHealth, ServiceSpec, remote_specs
 from h3flow.ops.ssh import SSH_CONFIG_ENV, SshRunner, SshRunners, remote
 
 pytestmark = pytest.mark.sshd

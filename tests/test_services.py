@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -134,6 +135,13 @@ def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     assert server.env["PREFECT_HOME"] == str(wd / "prefect")
     assert server.env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     assert server.binds == (("127.0.0.1", port),)
+    # the UI asks the API it was served with, not Prefect's default 127.0.0.1:4200
+    assert (server.env["PREFECT_UI_API_URL"], server.env["PREFECT_SERVER_API_PORT"]) == (
+        config.prefect.api_url,
+        str(port),
+    )
+    assert server.env["PREFECT_API_DATABASE_CONNECTION_URL"] == f"sqlite+aiosqlite:///{wd / 'prefect' / 'prefect.db'}"
+    assert server.secret_env == {} and "postgres" not in specs  # the embedded default: SQLite, an open loopback API
     assert server.health == HttpHealth(f"http://127.0.0.1:{port}/api/health")
     a1 = specs["worker-h3-a1"]
     assert a1.argv[1:] == ("worker", "start", "--pool", "h3-a1", "--type", "process", "--name", "h3-a1-worker")
@@ -313,6 +321,8 @@ def test_start_local_brings_up_server_workers_and_receiver(cluster: Cluster) -> 
         assert ok, detail
     (rec,) = cluster.config.receivers
     assert check_health(ReceiverHealth(rec.bind, rec.port)) == (True, f"answers ping on 127.0.0.1:{rec.port}")
+    ui = httpx.get(cluster.config.prefect.api_url.removesuffix("/api") + "/ui-settings", timeout=10).json()
+    assert ui["api_url"] == cluster.config.prefect.api_url and ui["auth"] is None
     key = Path(cluster.config.transfer.secret.path or "")
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text().strip()) == 64
     environ = Path(f"/proc/{cluster.pids()['worker-h3-a0']}/environ").read_bytes().split(b"\0")

@@ -174,7 +174,9 @@ def _find_models(models_dir: str | None, names: list[str]) -> dict[str, str | No
     return found
 
 
-def _api(url: str | None) -> dict[str, Any] | None:
+def _api(url: str | None, auth: list[str] | None = None) -> dict[str, Any] | None:
+    """The API as this host sees it: ``/health``, then (a cluster API with a credential) one
+    authenticated call with the credential as this host holds it (the copy ``start`` made)."""
     if not url:
         return None
     import urllib.request
@@ -183,10 +185,45 @@ def _api(url: str | None) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(health, timeout=3) as reply:
             body = reply.read(64).decode(errors="replace").strip()
-        return {"ok": body == "true", "detail": f"{health} → {body[:40]}"}
     except Exception as exc:  # noqa: BLE001 - the failure is the fact
         reason = getattr(exc, "reason", None) or exc
         return {"ok": False, "detail": f"{health}: {reason}"}
+    answer = {"ok": body == "true", "detail": f"{health} → {body[:40]}"}
+    if auth and answer["ok"]:
+        from h3flow.config.secret import basic_auth_header
+        from h3flow.ops.services import read_secret
+
+        version = url.rstrip("/") + "/admin/version"
+        try:
+            request = urllib.request.Request(version, headers=basic_auth_header(read_secret((auth[0], auth[1]))))
+            with urllib.request.urlopen(request, timeout=3):
+                pass
+            answer["detail"] += "; the credential is accepted"
+        except H3FlowError as exc:
+            answer.update(ok=False, detail=f"{answer['detail']}; {exc}")
+        except Exception as exc:  # noqa: BLE001 - a 401 is the fact
+            answer.update(ok=False, detail=f"{answer['detail']}; {version}: {exc}")
+    return answer
+
+
+def _postgres(path: str | None, os_user: str | None) -> dict[str, Any] | None:
+    """Where PostgreSQL's programs are on this host's PATH for them, their version, and the
+    system user it would run as (it refuses root)."""
+    if path is None:
+        return None
+    found = {tool: shutil.which(tool, path=path) for tool in ("initdb", "postgres")}
+    info: dict[str, Any] = {**found, "root": os.geteuid() == 0}
+    if found["postgres"]:
+        info["version"] = _run([str(found["postgres"]), "--version"])[1]
+    if info["root"] and os_user:
+        import pwd
+
+        try:
+            pwd.getpwnam(os_user)
+            info["os_user"] = os_user
+        except KeyError:
+            info["os_user_missing"] = os_user
+    return info
 
 
 def _environ(pidfile: str | None, keys: list[str]) -> dict[str, Any] | None:
@@ -216,7 +253,8 @@ def op_facts(req: Request) -> dict[str, Any]:
         "gpus": _nvidia_gpus() if vendor == "nvidia" else _amd_gpus() if vendor == "amd" else None,
         "disk": {path: _free_bytes(path) for path in req.get("disk", [])},
         "models": _find_models(req.get("models_dir"), list(req.get("models", []))),
-        "api": _api(req.get("api_url")),
+        "api": _api(req.get("api_url"), req.get("api_auth")),
+        "postgres": _postgres(req.get("postgres_path"), req.get("postgres_os_user")),
         "environ": {pf: _environ(pf, list(req.get("environ_keys", []))) for pf in req.get("environ_pidfiles", [])},
         "time": time.time(),
     }

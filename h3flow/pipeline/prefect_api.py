@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
-from h3flow.config.settings import settings
+from h3flow.config.settings import prefect_client_home, settings
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.results import StageResult, results_from_rows
 
@@ -30,7 +30,7 @@ def client_home(config: LocalConfig) -> Path:
     database and memo store live there)."""
     if config.work_dir:
         return Path(config.work_dir) / "prefect"
-    return settings().cache / "prefect-client"
+    return prefect_client_home()
 
 
 def api_credential(config: LocalConfig) -> str | None:
