@@ -297,6 +297,19 @@ def test_the_cluster_api_refuses_clients_without_the_credential(mh: MultiHost) -
     assert url.split(b"=", 1)[1].startswith(b"postgresql+asyncpg://prefect:${PREFECT_API_DATABASE_PASSWORD}@")
     worker_env = Path(f"/proc/{mh.pid('worker-h3-xtx')}/environ").read_bytes().split(b"\0")
     assert not any(e.startswith(b"PREFECT_API_DATABASE_PASSWORD=") for e in worker_env)  # only the server has it
+    deployed = mh.h3("deploy")  # the CLI on the controller sends the credential (start, preflight, run… too)
+    assert deployed.returncode == 0 and "deployment batch/run" in deployed.stdout, deployed.stdout + deployed.stderr
+
+
+def test_services_listen_only_on_the_cluster_addresses(mh: MultiHost) -> None:
+    for host, ports in (("host-a", (4200, 5432)), ("host-b", (9410,)), ("host-c", (9410,))):
+        ns, address = mh.lab.hosts[host].ns, mh.lab.hosts[host].address
+        listening = subprocess.run(
+            ["ip", "netns", "exec", ns, "ss", "-ltnH"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for port in ports:
+            assert f"{address}:{port}" in listening, (host, port, listening)
+            assert not {f"0.0.0.0:{port}", f"*:{port}", f"[::]:{port}"} & set(listening), (host, port)
 
 
 def _postgres_tables(mh: MultiHost, table: str) -> int:
