@@ -59,6 +59,10 @@ WHERE = {
 }
 SERVICES = list(WHERE)
 SHARED_RUN_STATE = os.environ.get("H3FLOW_LAB_SHARED_RUN_STATE") == "1"
+STALE_LOCK_XFAIL = (
+    "the decode killed with its host left a Prefect cache lock without expiry, and the new decode of that clip "
+    "waits on it forever (issue 16, 'locks that cannot outlive their holder': pending in the lead's pipeline work)"
+)
 RUN_STATE_XFAIL = (
     "run state is read from the controller's runs_dir, which the dispatcher on host-a cannot see on private "
     "filesystems: needs the lead's issue-17 change (manifest through Prefect, resume through each host's agent)"
@@ -111,7 +115,7 @@ class MultiHost:
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout.strip().splitlines()[-1]
 
-    def wait(self, run_id: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def wait(self, run_id: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
         done = self.h3("wait", run_id, "--timeout", str(timeout), timeout=timeout + 60)
         said = done.stdout + done.stderr
         if not SHARED_RUN_STATE and done.returncode != 0 and "dispatcher" in said and str(self.lab.ctl) in said:
@@ -124,6 +128,17 @@ class MultiHost:
         """A fault test needs a run that runs: xfail at once where the first batch showed it cannot."""
         if self.run_state_reaches_the_dispatcher is False:
             pytest.xfail(RUN_STATE_XFAIL)
+
+    def stale_cache_locks(self) -> list[str]:
+        """Prefect cache locks (``<store>/prefect-results/locks``) with no expiry: what a killed
+        stage leaves behind (issue 16), seen in every host's private store."""
+        found = []
+        for host in HOSTS:
+            locks = self.seen_by(host, Path(self.config.hosts[host].storage.root) / "prefect-results" / "locks")
+            for lock in locks.glob("*.lock") if locks.is_dir() else ():
+                if json.loads(lock.read_text() or "{}").get("expiration") is None:
+                    found.append(f"{host}:{lock.name}")
+        return found
 
     def status(self, run_id: str) -> dict:
         done = self.h3("status", run_id, "--json")
@@ -394,6 +409,7 @@ def _finish(mh: MultiHost, run_id: str, done: subprocess.CompletedProcess[str]) 
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
 
+@pytest.mark.timeout(1800)
 def test_a_sampler_host_cut_off_mid_batch(mh: MultiHost) -> None:
     clips = [f"x{i}" for i in range(3)]
     mh.needs_run_state()
@@ -416,6 +432,7 @@ def test_a_sampler_host_cut_off_mid_batch(mh: MultiHost) -> None:
         assert mh.count("decode", clip) == 1, clip  # decoded once, wherever it was sampled
 
 
+@pytest.mark.timeout(1800)
 def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh: MultiHost) -> None:
     clips = [f"r{i}" for i in range(3)]
     mh.needs_run_state()
@@ -428,15 +445,21 @@ def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh:
     )
     for service in ("worker-h3-b", "receiver-host-b"):  # a reboot: every process gone, the disk kept
         kill_tree(mh.pid(service))
-    done = mh.wait(run_id)
-    back = mh.h3("start", timeout=600)
+    back = mh.h3("start", timeout=600)  # the host is up again: the operator starts its services
     assert back.returncode == 0 and back.stdout.count("restarted") == 2, back.stdout + back.stderr
+    assert "worker-h3-b" in back.stdout and "receiver-host-b" in back.stdout
+    done = mh.wait(run_id)
     if done.returncode != 0:
+        stale = mh.stale_cache_locks()
+        if "still running after" in done.stderr and stale:
+            pytest.xfail(f"{STALE_LOCK_XFAIL}: {stale}")
+        assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, done.stdout + done.stderr
         resumed = mh.h3("resume", run_id, timeout=900)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     mh.delivered_once(run_id, clips)
 
 
+@pytest.mark.timeout(1800)
 def test_the_api_hosts_server_and_database_restarted_mid_batch(mh: MultiHost) -> None:
     clips = [f"p{i}" for i in range(3)]
     mh.needs_run_state()
