@@ -7,9 +7,18 @@ bridge then sees no firewall of this machine (Docker's FORWARD DROP would otherw
 drop bridged traffic where br_netfilter is loaded). A host is cut off by setting its
 switch port down, and plugged in again by setting it up.
 
-All namespaces share this machine's filesystem and process table: a service started
-over SSH in a namespace writes where the tests can read it, and ``ip netns identify
-PID`` says which namespace it runs in. Needs root and iproute2.
+Each host also has a filesystem of its own: its sshd runs in a mount namespace of its
+own (``unshare --mount``) where the lab folder (``/tmp/h3lab-<tag>``: the controller's
+``ctl/`` with local.json and the secrets, the hosts' stores under ``srv/<host>``) is a
+private bind mount of that host's backing folder. Everything started over SSH inherits
+it, so a host sees only its own store, outputs, config copy and secrets; the controller
+(this machine) sees only ``ctl/``. The backing folders (``/tmp/h3lab-<tag>.hosts/<host>``)
+outlive every process, like a disk across a reboot; the tests read them as the lab's
+god's-eye view (:meth:`Lab.seen_by`), the code under test never does. ``share`` makes
+controller folders visible to a host at the same path (a mount, as NFS would).
+
+The process table stays shared: ``ip netns identify PID`` says which namespace a
+service runs in. Needs root, iproute2 and util-linux (unshare).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ def netns_unavailable() -> str | None:
     """Why network namespaces cannot be made here (None when they can)."""
     if shutil.which("ip") is None:
         return "`ip` not found: install Debian's iproute2"
+    if shutil.which("unshare") is None:
+        return "`unshare` not found: install Debian's util-linux"
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs the multi-host tier as root)"
     probe = f"h3probe{uuid.uuid4().hex[:6]}"
@@ -62,6 +73,26 @@ class Lab:
     hosts: dict[str, NsHost] = field(default_factory=dict)
 
     @property
+    def fs(self) -> Path:
+        """The lab folder: the same path on every host, each seeing its own content."""
+        return Path(f"/tmp/h3lab-{self.tag}")
+
+    @property
+    def ctl(self) -> Path:
+        """The controller's folder (local.json, secrets, batches): hosts get copies over SSH."""
+        return self.fs / "ctl"
+
+    def store_root(self, name: str) -> Path:
+        return self.fs / "srv" / name
+
+    def backing(self, name: str) -> Path:
+        return Path(f"/tmp/h3lab-{self.tag}.hosts") / name
+
+    def seen_by(self, name: str, path: str | Path) -> Path:
+        """Where a path as host ``name`` sees it lies on this machine (for the tests' own checks)."""
+        return self.backing(name) / Path(path).relative_to(self.fs)
+
+    @property
     def switch(self) -> str:
         return f"h3t{self.tag}-sw"
 
@@ -74,6 +105,10 @@ class Lab:
         return f"{self.subnet}.1"
 
     def up(self, names: list[str]) -> None:
+        for folder in (self.ctl, *(self.backing(name) for name in names)):
+            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.fs, self.backing(names[0]).parent, *(self.backing(name) for name in names)):
+            folder.chmod(0o755)  # PostgreSQL (not root) must pass through to its data directory
         ip("netns", "add", self.switch)
         ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         ip("-n", self.switch, "link", "set", "br0", "up")
@@ -95,11 +130,24 @@ class Lab:
         ip("-n", self.switch, "link", "set", port, "master", "br0")
         ip("-n", self.switch, "link", "set", port, "up")
 
-    def start_sshd(self, root: Path) -> Path:
-        """One sshd per host namespace; returns one SSH config with every host's alias."""
+    def private_fs(self, name: str, share: tuple[Path, ...] = ()) -> tuple[str, ...]:
+        """The command prefix that gives host ``name`` its own mount namespace: the lab folder
+        is its backing folder; each ``share`` folder of the controller is mounted in at its path."""
+        script = 'b="$1"; f="$2"; shift 2; for s in $H3LAB_SHARE; do mkdir -p "$b${s#"$f"}" && ' \
+            'mount --bind "$s" "$b${s#"$f"}" || exit 1; done; mount --rbind "$b" "$f" && exec "$@"'  # fmt: skip
+        share_env = "H3LAB_SHARE=" + " ".join(str(p) for p in share)
+        return (
+            "env", share_env, "unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", script, "h3lab-fs", str(self.backing(name)), str(self.fs),
+        )  # fmt: skip
+
+    def start_sshd(self, root: Path, share: dict[str, tuple[Path, ...]] | None = None) -> Path:
+        """One sshd per host namespace, in its own mount namespace; returns one SSH config
+        with every host's alias. ``share``: controller folders a host sees (host -> folders)."""
         blocks = []
         for host in self.hosts.values():
-            host.sshd = start_sshd(root / host.name, alias=host.name, host=host.address, wrap=host.wrap)
+            wrap = (*host.wrap, *self.private_fs(host.name, (share or {}).get(host.name, ())))
+            host.sshd = start_sshd(root / host.name, alias=host.name, host=host.address, wrap=wrap)
             blocks.append(host.sshd.config.read_text())
         config = root / "ssh_config"
         config.write_text("".join(blocks))
@@ -122,6 +170,8 @@ class Lab:
             ip("netns", "del", host.ns, check=False)
         ip("link", "del", self.controller_if, check=False)
         ip("netns", "del", self.switch, check=False)
+        shutil.rmtree(self.fs, ignore_errors=True)
+        shutil.rmtree(self.backing("x").parent, ignore_errors=True)
 
 
 def make_lab(names: list[str]) -> Lab:

@@ -390,3 +390,30 @@ def test_help_lists_the_operators_commands() -> None:
 def test_hostmap_model_is_the_schema() -> None:
     schema = HostMap.model_json_schema()
     assert schema["additionalProperties"] is False and "hosts" in schema["required"]
+
+
+def test_a_cluster_gets_postgresql_and_an_api_credential_the_embedded_default_neither(tmp_path: Path) -> None:
+    example = adapt(load_host_map(EXAMPLE))  # its transfer secret comes from the environment: so do these
+    assert example.prefect.database is not None and example.prefect.database.kind == "postgresql"
+    assert example.prefect.database.password is not None
+    assert (example.prefect.database.password.source, example.prefect.database.password.name) == (
+        "env",
+        "H3FLOW_POSTGRES_PASSWORD",
+    )
+    assert example.prefect.auth is not None
+    assert (example.prefect.auth.source, example.prefect.auth.name) == ("env", "H3FLOW_PREFECT_AUTH")
+    raw = json.loads(EXAMPLE.read_text())
+    raw["transfer"]["secret"] = {"source": "file", "path": "/etc/h3flow/secrets/transfer.key"}
+    filed = adapt(HostMap.model_validate(raw))
+    assert filed.prefect.auth is not None and filed.prefect.auth.path == "/etc/h3flow/secrets/prefect-api.auth"
+    assert filed.prefect.database is not None and filed.prefect.database.password is not None
+    assert filed.prefect.database.password.path == "/etc/h3flow/secrets/postgres.password"
+    assert adapt(host_map_of(filed)).prefect == filed.prefect  # the resolved values survive a round trip
+    raw["prefect"]["database"] = {"kind": "sqlite"}
+    assert adapt(HostMap.model_validate(raw)).prefect.database.kind == "sqlite"  # type: ignore[union-attr]
+    raw["prefect"]["auth"] = {"source": "prefect-secret", "name": "x"}
+    with pytest.raises(ValueError, match="cannot come from a Prefect Secret block"):
+        HostMap.model_validate(raw)
+    local = adapt(local_host_map(tmp_path), work_dir=str(tmp_path))
+    assert local.prefect.database is not None and local.prefect.database.kind == "sqlite"
+    assert local.prefect.auth is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from h3flow.cli import app
 from h3flow.config.models import ResolvedHost
 from h3flow.core.errors import H3FlowError, TransientError
 from h3flow.ops.lifecycle import _served_elsewhere, bring_down, bring_up, probe_all
+from h3flow.ops.remote import store_inventory
 from h3flow.ops.services import HttpHealth, ServiceSpec, remote_specs
 from h3flow.ops.ssh import SSH_CONFIG_ENV, SshRunner, SshRunners, remote
 
@@ -252,6 +254,7 @@ def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> N
     cfg, path = config
     specs = {s.name: s for s in remote_specs(cfg, path)}
     assert list(specs) == [
+        "postgres",
         "prefect-server",
         "worker-h3-a0",
         "worker-h3-a1",
@@ -263,10 +266,22 @@ def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> N
     server = specs["prefect-server"]
     assert server.host == "host-a" and server.argv[0] == f"{sys.prefix}/bin/prefect"
     assert server.env["PREFECT_HOME"] == str(root_a / "prefect-home")
-    assert (
-        server.env["PREFECT_API_DATABASE_CONNECTION_URL"]
-        == f"sqlite+aiosqlite:///{root_a / 'prefect-home' / 'prefect.db'}"
+    port = cfg.prefect.api_url.split(":")[2].split("/")[0]
+    assert server.env["PREFECT_API_DATABASE_CONNECTION_URL"] == (
+        "postgresql+asyncpg://prefect:${PREFECT_API_DATABASE_PASSWORD}@127.0.0.1:5432/prefect"
     )
+    secrets = Path(cfg.transfer.secret.path or "").parent
+    assert server.secret_env == {  # where the host reads them, never the values
+        "PREFECT_SERVER_API_AUTH_STRING": ("file", str(secrets / "prefect-api.auth")),
+        "PREFECT_API_DATABASE_PASSWORD": ("file", str(secrets / "postgres.password")),
+    }
+    assert (server.env["PREFECT_UI_API_URL"], server.env["PREFECT_SERVER_API_PORT"]) == (cfg.prefect.api_url, port)
+    database = specs["postgres"]
+    assert database.host == "host-a" and database.user == "postgres" and database.cwd == str(root_a / "postgres")
+    assert database.argv == (
+        "postgres", "-D", str(root_a / "postgres"), "-h", "127.0.0.1", "-p", "5432", "-c", "unix_socket_directories=",
+    )  # fmt: skip
+    assert database.setup[0][1:3] == ("-m", "h3flow.ops.postgres") and database.stop_signal == signal.SIGINT
     worker = specs["worker-h3-b"]
     root_b = Path(cfg.hosts["host-b"].storage.root)
     assert worker.log == str(root_b / "services" / "worker-h3-b.log") and worker.cwd == str(root_b / "services")
@@ -275,6 +290,8 @@ def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> N
         root_b / "prefect-home"
     )
     assert specs["worker-h3-a0"].env["H3_MP_RETAIN_CPU_WEIGHTS"] == "1"
+    assert worker.secret_env == {"PREFECT_API_AUTH_STRING": ("file", str(secrets / "prefect-api.auth"))}
+    assert "PREFECT_API_AUTH_STRING" not in worker.env  # the value travels to no command line or JSON
     assert specs["receiver-host-b"].argv[-2:] == ("--secret-file", cfg.transfer.secret.path)
 
 
@@ -366,3 +383,47 @@ def test_a_prefect_api_served_by_others_is_used_and_one_nowhere_is_a_clear_error
     result = cli.invoke(app, ["start", "--config", str(path)])
     assert result.exit_code == 2 and "the Prefect API does not answer" in result.output
     assert "no host of local.json has the address of http://127.0.0.2:" in result.output
+
+
+# --------------------------------------------------------------------------- what a host's store holds
+def test_store_inventory_asks_the_host_and_verifies_by_sha256(config) -> None:
+    import hashlib
+
+    from h3flow.handoff.store import LatentStore
+
+    cfg, _path = config
+    storage = cfg.hosts["host-b"].storage
+    store = LatentStore(Path(storage.root))
+    good, bad = b"a latent" * 1000, b"another latent" * 1000
+    sha_good, sha_bad, sha_gone = (hashlib.sha256(x).hexdigest() for x in (good, bad, b"never sent"))
+    for sha, data in ((sha_good, good), (sha_bad, bad)):
+        store.path_for(sha).parent.mkdir(parents=True, exist_ok=True)
+        store.path_for(sha).write_bytes(data)
+    store.path_for(sha_bad).write_bytes(bad[:-1] + b"!")  # bit rot at rest
+    run = Path(storage.outputs) / "run-1"
+    run.mkdir(parents=True)
+    (run / "c0.mp4").write_bytes(b"video 0")
+    (run / "c1.mp4").write_bytes(b"video 1, edited")
+    mp4 = [
+        (str(run / "c0.mp4"), hashlib.sha256(b"video 0").hexdigest()),
+        (str(run / "c1.mp4"), hashlib.sha256(b"video 1").hexdigest()),
+        (str(run / "c2.mp4"), hashlib.sha256(b"video 2").hexdigest()),
+    ]
+    seen = store_inventory(cfg, "host-b", [sha_good, sha_bad, sha_gone], mp4)
+    assert (seen.latents, seen.outputs, seen.repaired) == (
+        {sha_good: "ok", sha_bad: "damaged", sha_gone: "missing"},
+        {mp4[0][0]: "ok", mp4[1][0]: "damaged", mp4[2][0]: "missing"},
+        [],
+    )
+    assert store.path_for(sha_bad).exists() and (run / "c1.mp4").exists()  # looking moves nothing
+    again = store_inventory(cfg, "host-b", [sha_good, sha_bad], mp4[:2], repair=True)
+    assert again.latents == {sha_good: "ok", sha_bad: "damaged"}
+    assert again.outputs == {mp4[0][0]: "ok", mp4[1][0]: "damaged"}
+    assert len(again.repaired) == 2 and "c1.mp4 no longer matched its SHA-256" in again.repaired[1]
+    assert not store.path_for(sha_bad).exists() and not (run / "c1.mp4").exists()
+    assert [p.read_bytes() for p in (Path(storage.root) / "latents-damaged").iterdir()] == [bad[:-1] + b"!"]
+    assert [p.read_bytes() for p in run.glob("c1.mp4.damaged-*")] == [b"video 1, edited"]  # kept, out of the way
+    with pytest.raises(H3FlowError, match="is not under this host's outputs"):
+        store_inventory(cfg, "host-b", [], [("/etc/passwd", sha_good)])
+    with pytest.raises(H3FlowError, match="not a SHA-256 content address"):
+        store_inventory(cfg, "host-b", ["../../etc/passwd"], [])

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -134,6 +135,13 @@ def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     assert server.env["PREFECT_HOME"] == str(wd / "prefect")
     assert server.env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     assert server.binds == (("127.0.0.1", port),)
+    # the UI asks the API it was served with, not Prefect's default 127.0.0.1:4200
+    assert (server.env["PREFECT_UI_API_URL"], server.env["PREFECT_SERVER_API_PORT"]) == (
+        config.prefect.api_url,
+        str(port),
+    )
+    assert server.env["PREFECT_API_DATABASE_CONNECTION_URL"] == f"sqlite+aiosqlite:///{wd / 'prefect' / 'prefect.db'}"
+    assert server.secret_env == {} and "postgres" not in specs  # the embedded default: SQLite, an open loopback API
     assert server.health == HttpHealth(f"http://127.0.0.1:{port}/api/health")
     a1 = specs["worker-h3-a1"]
     assert a1.argv[1:] == (
@@ -236,6 +244,27 @@ def test_stop_ends_the_whole_process_tree_and_sigkills_a_stubborn_one(tmp_path: 
     assert not alive(proc.pid or 0)
 
 
+def test_a_service_that_turns_sigterm_into_sigint_stops_though_its_starter_ignored_sigint(tmp_path: Path) -> None:
+    # what a Prefect worker does (SIGTERM -> SIGINT to itself, KeyboardInterrupt ends it),
+    # started by a process that ignores SIGINT (a `cmd &` job of a non-interactive shell)
+    runner = LocalRunner()
+    code = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: os.kill(os.getpid(), signal.SIGINT))\n"
+        "print('ready', flush=True)\n"
+        "try:\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
+    )
+    worker_like = spec(tmp_path, "worker-like", code, grace=60.0)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = runner.spawn(worker_like)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    wait_until(lambda: "ready" in " ".join(runner.tail(worker_like)), what="the handler")
+    assert runner.stop(worker_like, proc.pid or 0) is False  # SIGTERM ended it; no SIGKILL needed
+    assert "interrupted" in runner.tail(worker_like) and not alive(proc.pid or 0)
+
+
 def _children_of(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -278,8 +307,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     def deploy(cfg: LocalConfig, cfg_path: Path) -> None:  # stands in for deploy_all: records the order
         deploys.append(check_health(HttpHealth(cfg.prefect.api_url + "/health"))[0])
 
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # start as a background job of a script would
     try:
         states = start_services(config, path, deploy=deploy, console=quiet)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
         yield Cluster(config, path, states, deploys)
     finally:
         stop_services(config, path, console=quiet)
@@ -299,6 +332,8 @@ def test_start_local_brings_up_server_workers_and_receiver(cluster: Cluster) -> 
         assert ok, detail
     (rec,) = cluster.config.receivers
     assert check_health(ReceiverHealth(rec.bind, rec.port)) == (True, f"answers ping on 127.0.0.1:{rec.port}")
+    ui = httpx.get(cluster.config.prefect.api_url.removesuffix("/api") + "/ui-settings", timeout=10).json()
+    assert ui["api_url"] == cluster.config.prefect.api_url and ui["auth"] is None
     key = Path(cluster.config.transfer.secret.path or "")
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text().strip()) == 64
     environ = Path(f"/proc/{cluster.pids()['worker-h3-a0']}/environ").read_bytes().split(b"\0")
@@ -371,13 +406,30 @@ def test_a_stale_pid_file_is_replaced_on_start(cluster: Cluster) -> None:
 
 
 @pytest.mark.prefect
+def test_services_do_not_inherit_an_ignored_stop_signal(cluster: Cluster) -> None:
+    # the cluster was started with SIGINT ignored (as under `cmd &` in a script): a Prefect
+    # worker maps SIGTERM to SIGINT, so an inherited SIG_IGN made it ignore `stop`
+    for name, pid in cluster.pids().items():
+        ignored = int(_status_field(pid, "SigIgn"), 16)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            assert not ignored & (1 << (sig - 1)), f"{name} ignores {sig.name}"
+
+
+def _status_field(pid: int, key: str) -> str:
+    line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(key + ":"))
+    return line.split(":", 1)[1].strip()
+
+
+@pytest.mark.prefect
 def test_stop_stops_everything_and_frees_the_ports(cluster: Cluster) -> None:
     pids = cluster.pids()
     result = subprocess.run(
-        [H3FLOW, "stop", "--local", "--config", str(cluster.path)], capture_output=True, text=True, timeout=120
+        [H3FLOW, "stop", "--local", "--config", str(cluster.path)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("stopped (pid") == len(pids)
+    for name, pid in pids.items():  # the outcome, not how fast: a SIGKILL is allowed, and said so
+        line = next(line for line in result.stdout.splitlines() if f" {name} " in f" {line} ")
+        assert f"stopped (pid {pid})" in line or (f"killed (pid {pid})" in line and "SIGKILL" in line), line
     assert not any(alive(pid) for pid in pids.values())
     assert not any(Path(s.spec.pidfile).exists() for s in cluster.states)
     port = int(cluster.config.prefect.api_url.split(":")[-1].split("/")[0])

@@ -425,10 +425,12 @@ def resume(
     config: ConfigOpt = None,
 ) -> None:
     """Step 8: verify what exists and redo only the missing sampling / decoding."""
+    from h3flow.config.models import load_local_config
+    from h3flow.ops.remote import cluster_inventory
     from h3flow.pipeline.runs import resume_run
 
     config_path = config_file(config)
-    found = resume_run(run_id, config_path)
+    found = resume_run(run_id, config_path, inventory=cluster_inventory(load_local_config(config_path)))
     for line in found.repaired:
         console.print(Text.assemble(("repaired: ", "yellow"), line), soft_wrap=True)
     console.print(

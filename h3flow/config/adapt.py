@@ -10,6 +10,7 @@ from pathlib import Path
 
 from h3flow.config.encoders import assign_encoders
 from h3flow.config.models import (
+    Database,
     EngineName,
     Gpu,
     Host,
@@ -173,6 +174,40 @@ def resolve_routes(hm: HostMap, pools: list[Pool]) -> list[Route]:
     return routes
 
 
+AUTH_FILE = "prefect-api.auth"
+DB_PASSWORD_FILE = "postgres.password"
+AUTH_ENV = "H3FLOW_PREFECT_AUTH"
+DB_PASSWORD_ENV = "H3FLOW_POSTGRES_PASSWORD"
+
+
+def _beside_transfer_secret(hm: HostMap, file_name: str, env_name: str) -> SecretSource:
+    """A cluster secret kept where the transfer secret is: a file in the same folder, or
+    (the transfer secret comes from the environment) an environment variable too."""
+    secret = hm.transfer.secret
+    if secret.source == "file" and secret.path:
+        return SecretSource(source="file", name=file_name, path=str(Path(secret.path).parent / file_name))
+    return SecretSource(source="env", name=env_name)
+
+
+def resolve_prefect(hm: HostMap, embedded: bool) -> PrefectSettings:
+    """The Prefect server's database and API credential.
+
+    The embedded default keeps SQLite and an open API on loopback. A cluster gets
+    PostgreSQL (run by ``start`` on the API's host) and basic auth; both secrets live
+    beside the transfer secret (``start`` generates the files and copies them to the hosts).
+    """
+    given = hm.prefect
+    if embedded:
+        return given.model_copy(update={"database": given.database or Database(kind="sqlite")})
+    database = given.database or Database()
+    if database.kind == "postgresql" and database.password is None:
+        database = database.model_copy(
+            update={"password": _beside_transfer_secret(hm, DB_PASSWORD_FILE, DB_PASSWORD_ENV)}
+        )
+    auth = given.auth or _beside_transfer_secret(hm, AUTH_FILE, AUTH_ENV)
+    return given.model_copy(update={"database": database, "auth": auth})
+
+
 def adapt(hm: HostMap, topology: str | None = None, *, work_dir: str | None = None) -> LocalConfig:
     """Resolve every default and derived value of a host map."""
     topo = parse_topology(topology or hm.topology or DEFAULT_TOPOLOGY)
@@ -205,7 +240,7 @@ def adapt(hm: HostMap, topology: str | None = None, *, work_dir: str | None = No
         engine=hm.engine,
         topology=topo.name,
         topology_canonical=topo.canonical,
-        prefect=hm.prefect,
+        prefect=resolve_prefect(hm, embedded=work_dir is not None),
         model=hm.model,
         runs_dir=hm.runs_dir,
         hosts=hosts,

@@ -199,9 +199,50 @@ class Schedule(Strict):
     inbox: str = Field(min_length=1)
 
 
+class Database(Strict):
+    """The Prefect server's database: SQLite under PREFECT_HOME (the embedded default) or a
+    PostgreSQL server that ``h3flow start`` runs beside the Prefect server (the cluster)."""
+
+    kind: Literal["sqlite", "postgresql"] = "postgresql"
+    port: Port = 5432
+    name: str = Field("prefect", pattern=NAME)
+    user: str = Field("prefect", pattern=NAME)
+    password: SecretSource | None = Field(
+        None, description="PostgreSQL's password (env or file; config-adapt puts a file beside the transfer secret)"
+    )
+    os_user: str = Field(
+        "postgres", pattern=NAME, description="the system user PostgreSQL runs as when `start` runs as root"
+    )
+    bin_dir: str | None = Field(
+        None, description="where initdb and postgres are (default: Debian's /usr/lib/postgresql/<newest>/bin)"
+    )
+
+    @model_validator(mode="after")
+    def _password_readable_by_hosts(self) -> Database:
+        if self.password is not None and self.password.source == "prefect-secret":
+            raise ValueError(
+                "the database password cannot come from a Prefect Secret block (the server needs it first)"
+            )
+        return self
+
+
 class PrefectSettings(Strict):
     api_url: Annotated[str, AfterValidator(_check_api_url)]
     schedule: Schedule | None = None
+    database: Database | None = Field(
+        None, description="default: PostgreSQL for a host map, SQLite for the embedded default (config-adapt)"
+    )
+    auth: SecretSource | None = Field(
+        None,
+        description="basic-auth credential ('user:password') the cluster's API requires; config-adapt puts a "
+        "file beside the transfer secret (none for the embedded default)",
+    )
+
+    @model_validator(mode="after")
+    def _auth_readable_by_hosts(self) -> PrefectSettings:
+        if self.auth is not None and self.auth.source == "prefect-secret":
+            raise ValueError("prefect.auth cannot come from a Prefect Secret block (the API needs it first)")
+        return self
 
 
 class Model(Strict):

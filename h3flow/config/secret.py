@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from pathlib import Path
@@ -38,11 +39,20 @@ def load_secret(source: SecretSource) -> bytes:
         raise ConfigError(f"transfer secret: Prefect Secret block {source.name!r}: {exc}") from None
 
 
-def ensure_secret_file(path: Path) -> None:
-    """Create a random secret file (mode 0600) once; an existing one is never replaced."""
+def ensure_secret_file(path: Path, prefix: str = "") -> None:
+    """Create a random secret file (mode 0600) once; an existing one is never replaced.
+
+    ``prefix``: e.g. ``"h3flow:"`` for a basic-auth credential (``user:password``, as curl
+    ``-u`` and browsers take it)."""
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path, "w") as handle:
         os.fchmod(handle.fileno(), 0o600)
-        handle.write(secrets.token_hex(32) + "\n")
+        handle.write(prefix + secrets.token_hex(32) + "\n")
+
+
+def basic_auth_header(credential: str) -> dict[str, str]:
+    """The Authorization header of HTTP basic auth for ``credential`` ('user:password'), as
+    Prefect's ``PREFECT_SERVER_API_AUTH_STRING`` checks it."""
+    return {"Authorization": "Basic " + base64.b64encode(credential.encode()).decode()}

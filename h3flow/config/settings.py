@@ -45,3 +45,10 @@ def settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         raise ConfigError(format_validation_error("H3FLOW_* environment", exc)) from None
+
+
+def prefect_client_home() -> Path:
+    """PREFECT_HOME for h3flow's own Prefect client when no work dir says otherwise: under
+    h3flow's cache, never ``~/.prefect`` (Prefect makes its home folder as it is imported,
+    and keeps profiles, a database and a memo store there)."""
+    return settings().cache / "prefect-client"

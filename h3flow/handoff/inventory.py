@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from h3flow.core.errors import H3FlowError
 from h3flow.core.files import file_intact
-from h3flow.handoff.store import LatentStore
+from h3flow.handoff.store import LatentStore, check_sha256
 
 Found = Literal["ok", "missing", "damaged"]
 
@@ -36,10 +37,26 @@ class HostFiles:
 
 
 def check_host_files(
-    store_root: Path, latents: list[str], outputs: list[tuple[str, str]], *, repair: bool
+    store_root: Path,
+    latents: list[str],
+    outputs: list[tuple[str, str]],
+    *,
+    repair: bool,
+    outputs_root: Path | None = None,
 ) -> HostFiles:
-    """Hash each named latent and output on this host; move damaged ones aside when ``repair``."""
+    """Hash each named latent and output on this host; move damaged ones aside when ``repair``.
+
+    Names come from a manifest, so they are checked first: a latent must be a SHA-256
+    content address and, with ``outputs_root`` (a request from another machine), an output
+    must lie under it — no other file of the host is ever looked at or moved.
+    """
     store = LatentStore(store_root)
+    for sha in latents:
+        check_sha256(sha)
+    for name, sha in outputs:
+        check_sha256(sha)
+        if outputs_root is not None and outputs_root.resolve() not in Path(name).resolve().parents:
+            raise H3FlowError(f"{name!r} is not under this host's outputs ({outputs_root})")
     found = HostFiles()
     for sha in latents:
         path = store.path_for(sha)

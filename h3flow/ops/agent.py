@@ -11,7 +11,8 @@ use, so checking it is checking them. The remote venv must hold the same h3flow
 
 Ops: ``spawn``, ``stop``, ``port_free`` (the runner's), ``facts`` (what preflight
 checks), ``link_probe`` (RTT + a 13 MB transfer to each decoder), ``patches``,
-``nodes_install``. An :class:`~h3flow.core.errors.H3FlowError` becomes ``{"error": ...}``.
+``nodes_install``, ``inventory`` (which latents and MP4s the host's store holds, verified
+by SHA-256, for ``resume``). An :class:`~h3flow.core.errors.H3FlowError` becomes ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def _spec(req: Request) -> Any:
         pidfile=req["pidfile"],
         health=HttpHealth(""),
         stop_grace=float(req.get("stop_grace", 15.0)),
+        stop_signal=int(req.get("stop_signal", 15)),
+        secret_env={name: (ref[0], ref[1]) for name, ref in req.get("secret_env", {}).items()},
+        user=req.get("user"),
+        setup=tuple(tuple(command) for command in req.get("setup", [])),
     )
 
 
@@ -169,7 +174,9 @@ def _find_models(models_dir: str | None, names: list[str]) -> dict[str, str | No
     return found
 
 
-def _api(url: str | None) -> dict[str, Any] | None:
+def _api(url: str | None, auth: list[str] | None = None) -> dict[str, Any] | None:
+    """The API as this host sees it: ``/health``, then (a cluster API with a credential) one
+    authenticated call with the credential as this host holds it (the copy ``start`` made)."""
     if not url:
         return None
     import urllib.request
@@ -178,10 +185,45 @@ def _api(url: str | None) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(health, timeout=3) as reply:
             body = reply.read(64).decode(errors="replace").strip()
-        return {"ok": body == "true", "detail": f"{health} → {body[:40]}"}
     except Exception as exc:  # noqa: BLE001 - the failure is the fact
         reason = getattr(exc, "reason", None) or exc
         return {"ok": False, "detail": f"{health}: {reason}"}
+    answer = {"ok": body == "true", "detail": f"{health} → {body[:40]}"}
+    if auth and answer["ok"]:
+        from h3flow.config.secret import basic_auth_header
+        from h3flow.ops.services import read_secret
+
+        version = url.rstrip("/") + "/admin/version"
+        try:
+            request = urllib.request.Request(version, headers=basic_auth_header(read_secret((auth[0], auth[1]))))
+            with urllib.request.urlopen(request, timeout=3):
+                pass
+            answer["detail"] += "; the credential is accepted"
+        except H3FlowError as exc:
+            answer.update(ok=False, detail=f"{answer['detail']}; {exc}")
+        except Exception as exc:  # noqa: BLE001 - a 401 is the fact
+            answer.update(ok=False, detail=f"{answer['detail']}; {version}: {exc}")
+    return answer
+
+
+def _postgres(path: str | None, os_user: str | None) -> dict[str, Any] | None:
+    """Where PostgreSQL's programs are on this host's PATH for them, their version, and the
+    system user it would run as (it refuses root)."""
+    if path is None:
+        return None
+    found = {tool: shutil.which(tool, path=path) for tool in ("initdb", "postgres")}
+    info: dict[str, Any] = {**found, "root": os.geteuid() == 0}
+    if found["postgres"]:
+        info["version"] = _run([str(found["postgres"]), "--version"])[1]
+    if info["root"] and os_user:
+        import pwd
+
+        try:
+            pwd.getpwnam(os_user)
+            info["os_user"] = os_user
+        except KeyError:
+            info["os_user_missing"] = os_user
+    return info
 
 
 def _environ(pidfile: str | None, keys: list[str]) -> dict[str, Any] | None:
@@ -211,7 +253,8 @@ def op_facts(req: Request) -> dict[str, Any]:
         "gpus": _nvidia_gpus() if vendor == "nvidia" else _amd_gpus() if vendor == "amd" else None,
         "disk": {path: _free_bytes(path) for path in req.get("disk", [])},
         "models": _find_models(req.get("models_dir"), list(req.get("models", []))),
-        "api": _api(req.get("api_url")),
+        "api": _api(req.get("api_url"), req.get("api_auth")),
+        "postgres": _postgres(req.get("postgres_path"), req.get("postgres_os_user")),
         "environ": {pf: _environ(pf, list(req.get("environ_keys", []))) for pf in req.get("environ_pidfiles", [])},
         "time": time.time(),
     }
@@ -313,7 +356,30 @@ def op_nodes_install(req: Request) -> dict[str, Any]:
     return {"status": status, "target": str(comfy_dir / "custom_nodes" / PACK_NAME)}
 
 
+# --------------------------------------------------------------------------- what a host's store holds
+def op_inventory(req: Request) -> dict[str, Any]:
+    """Which of the given latents (by SHA-256) this host's store holds, and which of the given
+    MP4s (path + expected SHA-256) its outputs hold, each verified by re-hashing it here.
+
+    Request: ``{"store_root", "outputs_root", "latents": [sha], "outputs": [{"path", "sha256"}],
+    "repair": bool}``. Answer: :meth:`h3flow.handoff.inventory.HostFiles.to_json` (verdicts
+    ``ok`` / ``missing`` / ``damaged``; with ``repair``, damaged files are moved aside and
+    named in ``repaired``). Only paths under ``outputs_root`` are looked at.
+    """
+    from h3flow.handoff.inventory import check_host_files
+
+    found = check_host_files(
+        Path(req["store_root"]),
+        list(req.get("latents", [])),
+        [(item["path"], item["sha256"]) for item in req.get("outputs", [])],
+        repair=bool(req.get("repair", False)),
+        outputs_root=Path(req["outputs_root"]),
+    )
+    return found.to_json()
+
+
 OPS: dict[str, Callable[[Request], dict[str, Any]]] = {
+    "inventory": op_inventory,
     "spawn": op_spawn,
     "stop": op_stop,
     "port_free": op_port_free,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -64,12 +65,12 @@ class ServiceState:
 
 
 def default_deploy(config: LocalConfig, config_path: Path) -> None:
-    """Create the work pools and deployments (``h3flow.pipeline.deployments.deploy_all``) on *this*
-    config's server: the caller's own PREFECT_API_URL (or none: an ephemeral server) must
-    not decide where they go."""
-    from h3flow.pipeline.deployments import deploy_all
+    """Create the work pools, deployments and blocks (``h3flow.pipeline.runs.deploy_everything``)
+    on *this* config's server: the caller's own PREFECT_API_URL (or none: an ephemeral
+    server) must not decide where they go."""
+    from h3flow.pipeline.runs import deploy_everything
 
-    deploy_all(config, config_path)
+    deploy_everything(config_path, config)
 
 
 # --------------------------------------------------------------------------- the building blocks
@@ -161,7 +162,12 @@ def bring_down(specs: Sequence[ServiceSpec], runner_for: RunnerFor, *, console: 
             with console.status(f"stopping {spec.name} (pid {proc.pid}) …"):
                 killed = runner.stop(spec, proc.pid)
             state = ServiceState(spec, proc, "killed" if killed else "stopped")
-            console.print(f"[green]✓[/] {spec.name:<18} {state.action} (pid {proc.pid})")
+            if killed:  # the last resort, and said so
+                sig = signal.Signals(spec.stop_signal).name
+                state.detail = f"did not exit within {spec.stop_grace:g} s of {sig}: SIGKILL"
+                console.print(f"[yellow]![/] {spec.name:<18} killed (pid {proc.pid}): {state.detail}")
+            else:
+                console.print(f"[green]✓[/] {spec.name:<18} stopped (pid {proc.pid})")
         else:
             if proc.stale:
                 runner.forget(spec)
@@ -220,13 +226,28 @@ def secret_hosts(config: LocalConfig) -> list[str]:
     return sorted({r.source for r in tcp} | {r.target for r in tcp})
 
 
+AUTH_PREFIX = "h3flow:"  # the API credential is "user:password", as curl -u and browsers take it
+
+
 def prepare_hosts(config: LocalConfig, config_path: Path, specs: Sequence[ServiceSpec], runner_for: RunnerFor) -> None:
-    """Before any service starts: local.json on every host (at this path) and the transfer
-    secret where tcp transfers need it (the embedded default makes its secret file here)."""
-    for host in dict.fromkeys(s.host for s in specs):
+    """Before any service starts: local.json on every host (at this path), the transfer
+    secret where tcp transfers need it, the API credential on every host that runs a
+    service (workers and their flow runs call the API), the database password on the
+    database's host. Secret files are made here (0600) once, then copied as they are."""
+    hosts = list(dict.fromkeys(s.host for s in specs))
+    for host in hosts:
         runner_for(host).sync_config(config_path)
     for host in secret_hosts(config):
         runner_for(host).ensure_secret(config.transfer.secret)
+    if config.prefect.auth is not None:
+        for host in hosts:
+            runner_for(host).ensure_secret(config.prefect.auth, AUTH_PREFIX)
+        if not hosts:  # nothing runs here, but the controller still talks to the API
+            LocalRunner().ensure_secret(config.prefect.auth, AUTH_PREFIX)
+    database = config.prefect.database
+    for spec in specs:
+        if spec.kind == "postgres" and database is not None and database.password is not None:
+            runner_for(spec.host).ensure_secret(database.password)
 
 
 def _served_elsewhere(spec: ServiceSpec, runner_for: RunnerFor, console: Console) -> bool:
@@ -270,6 +291,7 @@ def start_services(
     console = console or Console(highlight=False)
     specs = service_specs(config, config_path)
     server = next((s for s in specs if s.kind == "prefect-server"), None)
+    database = [s for s in specs if s.kind == "postgres"]
     comfy = [s for s in specs if s.kind == "comfyui"]  # engine "comfy": one ComfyUI per pool
     rest = [s for s in specs if s.kind in ("worker", "receiver")]
     with file_lock(_lock_path(config, config_path)), runners(config, runner_for) as runner_for:
@@ -282,10 +304,13 @@ def start_services(
             )
         if server is None:
             _require_api(config, console)
-        first = [s for s in (server, *comfy) if s is not None and not _served_elsewhere(s, runner_for, console)]
+        served = server is not None and _served_elsewhere(server, runner_for, console)
+        # the database before the server that migrates it at start-up
+        states = [] if served else bring_up(database, runner_for, timeout=timeout, console=console)
+        first = [s for s in (server, *comfy) if s is not None and not (served and s is server)]
         # ComfyUI needs nothing from Prefect: it starts beside the server, ready before any worker
         wait = max(timeout, COMFY_START_TIMEOUT) if comfy else timeout
-        states = bring_up(first, runner_for, timeout=wait, console=console)
+        states += bring_up(first, runner_for, timeout=wait, console=console)
         missing = [s for s in rest if s.kind == "worker" and not runner_for(s.host).inspect(s).running]
         started_server = any(st.spec.kind == "prefect-server" and st.spawned_at is not None for st in states)
         if deploy is not None and (started_server or missing):

@@ -33,7 +33,15 @@ from rich.table import Table
 import h3flow
 from h3flow.config.models import LocalConfig, Pool, ResolvedHost, load_local_config
 from h3flow.core.errors import H3FlowError
-from h3flow.ops.services import LocalRunner, Proc, ServiceSpec, WorkerHealth, check_health, service_specs
+from h3flow.ops.services import (
+    LocalRunner,
+    Proc,
+    ServiceSpec,
+    WorkerHealth,
+    check_health,
+    secret_ref,
+    service_specs,
+)
 
 Status = Literal["ok", "warn", "fail", "skip"]
 PROBE_BYTES = 13_000_000  # an HD latent
@@ -174,7 +182,12 @@ def _facts_request(view: HostView) -> dict[str, Any]:
 
     host, config = view.host, view.config
     encoder = _encoder_spec(view)
+    database = view.spec("postgres")
+    db = config.prefect.database
     return {
+        "api_auth": list(secret_ref(config.prefect.auth)) if config.prefect.auth else None,
+        "postgres_path": database.env["PATH"] if database else None,
+        "postgres_os_user": db.os_user if database and db else None,
         "vendor": _vendor(host),
         "checkout": str(SOURCE_DIR),
         "disk": list(dict.fromkeys([host.storage.root, host.storage.outputs])),
@@ -635,12 +648,67 @@ def check_prefect_api(view: HostView, server_state: str) -> list[Check]:
     api = view.facts.get("api") or {}
     if api.get("ok"):
         return [ok(view.name, "prefect api", f"from {view.name}: {api['detail']}")]
+    if "/admin/version" in str(api.get("detail")) or "secret" in str(api.get("detail")):
+        return [
+            fail(
+                view.name,
+                "prefect api",
+                f"from {view.name}: {api.get('detail', '?')}",
+                f"`h3flow start` copies the API credential ({view.config.prefect.auth}) to every host; "
+                "the server must run with the same one",
+            )
+        ]
     return [
         fail(
             view.name,
             "prefect api",
             f"from {view.name}: {api.get('detail', '?')}",
             f"make {url} reachable from {view.name} (server bound to that address, firewall open)",
+        )
+    ]
+
+
+def check_database(view: HostView) -> list[Check]:
+    """PostgreSQL on the API's host: installed (before ``start``), accepting connections (after)."""
+    spec = view.spec("postgres")
+    if spec is None:
+        return []
+    state = view.state(spec.name)
+    if state == "running":
+        healthy, detail = check_health(spec.health)
+        if healthy:
+            return [ok(view.name, "postgresql", f"pid {view.procs[spec.name].pid}: {detail}")]
+        return [fail(view.name, "postgresql", detail, f"see its log {spec.log}; `h3flow stop` + `h3flow start`")]
+    if state == "stale":
+        return [
+            fail(
+                view.name,
+                "postgresql",
+                f"PostgreSQL died (stale PID file {spec.pidfile})",
+                f"`h3flow start` restarts it; its log: {spec.log}",
+            )
+        ]
+    info = (view.facts or {}).get("postgres")
+    if info is None:
+        return [skip(view.name, "postgresql", "no venv (see venv)")]
+    fix = "apt-get install postgresql (Debian), or set prefect.database.bin_dir in the host map"
+    if not info.get("initdb") or not info.get("postgres"):
+        return [fail(view.name, "postgresql", "initdb / postgres not found in /usr/lib/postgresql/*/bin", fix)]
+    if info.get("os_user_missing"):
+        return [
+            fail(
+                view.name,
+                "postgresql",
+                f"no system user {info['os_user_missing']!r} to run it as (start runs as root; PostgreSQL refuses root)",
+                fix + "; or set prefect.database.os_user",
+            )
+        ]
+    runs_as = f", runs as {info['os_user']}" if info.get("os_user") else ""
+    return [
+        ok(
+            view.name,
+            "postgresql",
+            f"{info.get('version', '?')} at {Path(info['postgres']).parent}{runs_as}; not started yet",
         )
     ]
 
@@ -743,7 +811,8 @@ def judge(view: HostView, server_state: str, fetch: Callable[[str], dict[str, An
     return [
         *checks, *check_venv(view), *check_torch(view), *check_gpus(view), *check_disk(view),
         *check_comfyui(view, fetch), *check_patches(view), *check_models(view), *check_retain(view),
-        *check_prefect_api(view, server_state), *check_workers(view), *check_links(view), *check_clock(view),
+        *check_database(view), *check_prefect_api(view, server_state), *check_workers(view), *check_links(view),
+        *check_clock(view),
     ]  # fmt: skip
 
 

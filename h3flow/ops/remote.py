@@ -8,14 +8,20 @@ JSON in and out, so no operator text ever crosses a remote shell.
 from __future__ import annotations
 
 import base64
+import functools
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from h3flow.config.models import load_local_config
+from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.paths import PATCHES_DIR
+from h3flow.handoff.inventory import HostFiles
 from h3flow.ops.comfy_install import PACK_SOURCE, _pack_files
 from h3flow.ops.patches import PatchReport, agent_request, reports_from
 from h3flow.ops.ssh import connected
+
+if TYPE_CHECKING:
+    from h3flow.pipeline.runs import Inventory
 
 
 def patches_on_host(
@@ -64,3 +70,45 @@ def install_nodes_on_host(config_path: Path, host: str, comfy_dir: str | None = 
     with connected(config, host) as runner:
         answer = runner.agent("nodes_install", {"comfy_dir": target, "files": files}, timeout=120.0)
     return answer["status"], answer["target"]
+
+
+def store_inventory(
+    config: LocalConfig,
+    host: str,
+    latents: list[str],
+    outputs: list[tuple[str, str]],
+    *,
+    repair: bool = False,
+) -> HostFiles:
+    """Ask a host what its store and outputs hold, verified by SHA-256 there (for ``resume``).
+
+    ``latents``: SHA-256s of latents that should be in the host's store; ``outputs``:
+    ``(path, sha256)`` of MP4s that should be in its outputs (see
+    :func:`h3flow.handoff.inventory.check_host_files`; ``repair`` moves damaged files aside
+    there, so re-made ones can take their place). The embedded default (a local.json with a
+    work_dir) answers here, a cluster host through its h3flow agent over SSH: no store is
+    ever read as a local path of another host.
+    """
+    if host not in config.hosts:
+        raise ConfigError(f"unknown host {host!r} (local.json has {', '.join(config.hosts)})")
+    storage = config.hosts[host].storage
+    request: dict[str, Any] = {
+        "store_root": storage.root,
+        "outputs_root": storage.outputs,
+        "latents": list(latents),
+        "outputs": [{"path": path, "sha256": sha} for path, sha in outputs],
+        "repair": repair,
+    }
+    if config.work_dir:
+        from h3flow.ops.agent import op_inventory
+
+        answer = op_inventory(request)
+    else:
+        with connected(config, host) as runner:
+            answer = runner.agent("inventory", request, timeout=600.0)
+    return HostFiles.from_json(answer)
+
+
+def cluster_inventory(config: LocalConfig) -> Inventory:
+    """``resume``'s :data:`~h3flow.pipeline.runs.Inventory` for any config: each host checks its own files."""
+    return functools.partial(store_inventory, config, repair=True)

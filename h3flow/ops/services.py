@@ -36,7 +36,9 @@ from h3flow.core.fsutil import atomic_write_text
 if TYPE_CHECKING:  # kept out of the import: the SSH agent imports this module on every remote spawn / stop
     from h3flow.config.models import LocalConfig, Pool, SecretSource
 
-Kind = Literal["prefect-server", "worker", "receiver", "comfyui"]
+Kind = Literal["postgres", "prefect-server", "worker", "receiver", "comfyui"]
+SecretRef = tuple[str, str]  # ("file", path) or ("env", variable): where a service's secret is read on its host
+PG_VERSIONS = range(18, 12, -1)  # Debian's /usr/lib/postgresql/<version>/bin, newest first
 WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
 WORKER_HEARTBEAT_SECONDS = 5
 
@@ -61,6 +63,18 @@ class WorkerHealth:
     api_url: str
     work_pool: str
     worker: str
+    auth: SecretRef | None = None  # the cluster API's basic-auth credential, read on this machine
+
+
+@dataclass(frozen=True)
+class PostgresHealth:
+    """Healthy when PostgreSQL at ``address:port`` accepts connections for ``user``/``database``:
+    its answer to a startup message is an authentication request, not "starting up"."""
+
+    address: str
+    port: int
+    user: str
+    database: str
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ class ReceiverHealth:
     port: int
 
 
-Health = HttpHealth | WorkerHealth | ReceiverHealth
+Health = HttpHealth | WorkerHealth | PostgresHealth | ReceiverHealth
 
 
 def check_health(health: Health, since: float | None = None, timeout: float = 2.0) -> tuple[bool, str]:
@@ -89,6 +103,10 @@ def check_health(health: Health, since: float | None = None, timeout: float = 2.
         return ok, f"{urlsplit(health.url).path} → {shown if reply.status_code == 200 else reply.status_code}"
     if isinstance(health, WorkerHealth):
         return _worker_health(health, since, timeout)
+    if isinstance(health, PostgresHealth):
+        from h3flow.ops.postgres import probe_postgres
+
+        return probe_postgres(health.address, health.port, health.user, health.database, timeout)
     from h3flow.handoff.tcp import probe
 
     where = f"{health.address}:{health.port}"
@@ -102,9 +120,14 @@ def _worker_health(health: WorkerHealth, since: float | None, timeout: float) ->
 
     url = f"{health.api_url.rstrip('/')}/work_pools/{health.work_pool}/workers/filter"
     try:
-        reply = httpx.post(url, json={}, timeout=timeout)
+        from h3flow.config.secret import basic_auth_header
+
+        auth = basic_auth_header(read_secret(health.auth)) if health.auth else None
+        reply = httpx.post(url, json={}, timeout=timeout, headers=auth)
     except httpx.HTTPError as exc:
         return False, f"Prefect API unreachable ({type(exc).__name__})"
+    if reply.status_code == 401:
+        return False, "the Prefect API refused the credential (401): is the auth file the server's?"
     if reply.status_code == 404:
         return False, f"work pool {health.work_pool} does not exist yet"
     if reply.status_code != 200:
@@ -120,6 +143,34 @@ def _worker_health(health: WorkerHealth, since: float | None, timeout: float) ->
             return False, f"waiting for a heartbeat from the new process ({age})"
         return True, f"ONLINE, {age}"
     return False, f"not registered on {health.work_pool} yet"
+
+
+def secret_ref(source: SecretSource) -> SecretRef:
+    """Where a secret is read on the host that uses it (a file copied there by ``start``, or its environment)."""
+    if source.source == "file":
+        return ("file", str(source.path))
+    if source.source == "env":
+        return ("env", source.name)
+    raise ConfigError(f"a service secret comes from a file or an environment variable, not {source.source!r}")
+
+
+def read_secret(ref: SecretRef) -> str:
+    """The secret's value on this machine; a clear error when it is missing."""
+    kind, where = ref
+    if kind == "env":
+        value = os.environ.get(where, "")
+        if not value:
+            raise ConfigError(f"environment variable {where} is not set (a secret h3flow's services need)")
+        return value
+    try:
+        value = Path(where).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the secret file {where}: {exc.strerror or exc} (`h3flow start` makes it)"
+        ) from None
+    if not value:
+        raise ConfigError(f"the secret file {where} is empty")
+    return value
 
 
 def _epoch(stamp: str | None) -> float | None:
@@ -145,7 +196,11 @@ class ServiceSpec:
     pidfile: str
     health: Health
     binds: tuple[tuple[str, int], ...] = ()  # (address, port) it listens on: must be free to start
-    stop_grace: float = 15.0  # seconds between SIGTERM and SIGKILL
+    stop_grace: float = 15.0  # seconds between the stop signal and SIGKILL
+    stop_signal: int = signal.SIGTERM  # PostgreSQL: SIGINT ("fast" shutdown: it does not wait for clients)
+    secret_env: Mapping[str, SecretRef] = field(default_factory=dict, hash=False)  # read on the host at spawn
+    user: str | None = None  # run as this system user when spawned by root (PostgreSQL refuses root)
+    setup: tuple[tuple[str, ...], ...] = ()  # commands run on the host before each spawn (e.g. initdb once)
 
 
 def service_dir(config: LocalConfig) -> Path:
@@ -179,27 +234,101 @@ def _prefect_env(config: LocalConfig) -> dict[str, str]:
     }
 
 
-def server_spec(config: LocalConfig, where: Path) -> ServiceSpec:
-    """The embedded default's Prefect server: SQLite under the work dir, in the foreground."""
-    host, port = _api_host_port(config.prefect.api_url)
-    first = config.pools[0].host
-    home = prefect_home(config)
+def api_host(config: LocalConfig) -> str | None:
+    """The host of local.json whose address the API URL names (it runs the server and its database)."""
+    address, _port = _api_host_port(config.prefect.api_url)
+    return next((h.name for h in config.hosts.values() if h.address == address), None)
+
+
+def auth_env(config: LocalConfig, variable: str = "PREFECT_API_AUTH_STRING") -> dict[str, SecretRef]:
+    """The cluster API's credential for a service (none for an open API): read on the host at spawn."""
+    return {variable: secret_ref(config.prefect.auth)} if config.prefect.auth else {}
+
+
+def database_url(config: LocalConfig, home: Path) -> str:
+    """The server's database: SQLite under its PREFECT_HOME, or the PostgreSQL that ``start`` runs
+    on the API's host (the password stays out of the URL: Prefect fills it in from
+    PREFECT_API_DATABASE_PASSWORD, which the runner reads from the secret on the host)."""
+    db = config.prefect.database
+    if db is None or db.kind == "sqlite":
+        return f"sqlite+aiosqlite:///{home / 'prefect.db'}"
+    address, _port = _api_host_port(config.prefect.api_url)
+    return f"postgresql+asyncpg://{db.user}:${{PREFECT_API_DATABASE_PASSWORD}}@{address}:{db.port}/{db.name}"
+
+
+def server_spec(config: LocalConfig, where: Path, host: str | None = None, home: Path | None = None) -> ServiceSpec:
+    """The Prefect server, in the foreground, on ``host`` (default: the first pool's), its UI
+    pointed at its own API (Prefect derives the UI's API address from its settings, not
+    from ``--host/--port``), on SQLite or PostgreSQL, with basic auth when the config has it."""
+    address, port = _api_host_port(config.prefect.api_url)
+    host = host or config.pools[0].host
+    home = home or prefect_home(config)
     env = {
         **_prefect_env(config),
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_DATABASE_CONNECTION_URL": database_url(config, home),
+        "PREFECT_SERVER_API_HOST": address,
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": config.prefect.api_url,
     }
+    secrets = auth_env(config, "PREFECT_SERVER_API_AUTH_STRING")
+    db = config.prefect.database
+    if db is not None and db.kind == "postgresql" and db.password is not None:
+        secrets["PREFECT_API_DATABASE_PASSWORD"] = secret_ref(db.password)
     return ServiceSpec(
         name="prefect-server",
         kind="prefect-server",
-        host=first,
-        argv=(_venv_bin(config, first, "prefect"), "server", "start", "--host", host, "--port", str(port)),
+        host=host,
+        argv=(_venv_bin(config, host, "prefect"), "server", "start", "--host", address, "--port", str(port)),
         env=env,
         cwd=str(home),
         log=str(where / "prefect-server.log"),
         pidfile=str(where / "prefect-server.pid"),
         health=HttpHealth(config.prefect.api_url.rstrip("/") + "/health"),
-        binds=((host, port),),
+        binds=((address, port),),
         stop_grace=20.0,
+        secret_env=secrets,
+    )
+
+
+def postgres_path(bin_dir: str | None) -> str:
+    """PATH for PostgreSQL's programs: the configured folder, else Debian's, newest first."""
+    dirs = [bin_dir] if bin_dir else [f"/usr/lib/postgresql/{v}/bin" for v in PG_VERSIONS]
+    return ":".join([*dirs, REMOTE_PATH])
+
+
+def postgres_spec(config: LocalConfig, host: str, where: Path, data_dir: Path) -> ServiceSpec | None:
+    """PostgreSQL for the Prefect server (database kind "postgresql"), on the API host's
+    address only, its data in ``data_dir`` (made by ``initdb`` on the first start, with the
+    password from the secrets), run as ``os_user`` when ``start`` runs as root."""
+    db = config.prefect.database
+    if db is None or db.kind != "postgresql":
+        return None
+    if db.password is None:
+        raise ConfigError("prefect.database.password is not set: rerun `h3flow config-adapt`")
+    address, _port = _api_host_port(config.prefect.api_url)
+    kind, source = secret_ref(db.password)
+    init = (
+        _venv_bin(config, host, "python"), "-m", "h3flow.ops.postgres",
+        "--data", str(data_dir), "--user", db.user, "--database", db.name,
+        "--password-" + kind, source, "--os-user", db.os_user,
+    )  # fmt: skip
+    return ServiceSpec(
+        name="postgres",
+        kind="postgres",
+        host=host,
+        # "postgres" is found on PATH (Debian keeps it in a versioned folder); no Unix socket
+        argv=("postgres", "-D", str(data_dir), "-h", address, "-p", str(db.port), "-c", "unix_socket_directories="),
+        env={"PATH": postgres_path(db.bin_dir), "LC_ALL": "C.UTF-8"},
+        cwd=str(data_dir),
+        log=str(where / "postgres.log"),
+        pidfile=str(where / "postgres.pid"),
+        health=PostgresHealth(address, db.port, db.user, db.name),
+        binds=((address, db.port),),
+        stop_grace=30.0,
+        stop_signal=signal.SIGINT,
+        user=db.os_user,
+        setup=(init,),
     )
 
 
@@ -218,6 +347,7 @@ def worker_spec(
         "H3FLOW_CONFIG": str(Path(config_path).resolve()),
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
+    auth = auth_env(config)
     return ServiceSpec(
         name=f"worker-{work_pool}",
         kind="worker",
@@ -240,7 +370,8 @@ def worker_spec(
         cwd=str(config.work_dir or where),
         log=str(where / f"worker-{work_pool}.log"),
         pidfile=str(where / f"worker-{work_pool}.pid"),
-        health=WorkerHealth(config.prefect.api_url, work_pool, name),
+        health=WorkerHealth(config.prefect.api_url, work_pool, name, auth.get("PREFECT_API_AUTH_STRING")),
+        secret_env=auth,  # its flow runs inherit it: they talk to the API too
     )
 
 
@@ -367,7 +498,9 @@ def local_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
     """Every service of the embedded default, in start order (stop goes in reverse)."""
     where = service_dir(config)
     per_host: Callable[[str], Path] = lambda _host: where  # noqa: E731 - one machine, one folder
+    database = postgres_spec(config, config.pools[0].host, where, Path(config.work_dir or ".") / "postgres")
     return [
+        *([database] if database else []),
         server_spec(config, where),
         *comfy_specs(config, per_host),
         *worker_specs(config, config_path, per_host),
@@ -399,22 +532,25 @@ def on_host(config: LocalConfig, spec: ServiceSpec) -> ServiceSpec:
     return replace(spec, env=env)
 
 
-def remote_server_spec(config: LocalConfig, where: Callable[[str], Path]) -> ServiceSpec | None:
-    """The Prefect server, on the host whose address the API URL names (None: it runs
-    elsewhere, and ``start`` only checks that it answers). SQLite under the host's
-    prefect-home unless the host's env names a database (PostgreSQL in production)."""
+def remote_server_spec(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
+    """The Prefect server (and its PostgreSQL) on the host whose address the API URL names
+    (none: it runs elsewhere, and ``start`` only checks that it answers). A host env that
+    sets PREFECT_API_DATABASE_CONNECTION_URL names a database h3flow does not run."""
     from dataclasses import replace
 
-    address, _port = _api_host_port(config.prefect.api_url)
-    host = next((h.name for h in config.hosts.values() if h.address == address), None)
+    host = api_host(config)
     if host is None:
-        return None
-    home = host_dir(config, host) / "prefect-home"
-    spec = on_host(config, replace(server_spec(config, where(host)), host=host, cwd=str(home)))
-    env = dict(spec.env)
-    database = config.hosts[host].env.get("PREFECT_API_DATABASE_CONNECTION_URL")
-    env["PREFECT_API_DATABASE_CONNECTION_URL"] = database or f"sqlite+aiosqlite:///{home / 'prefect.db'}"
-    return replace(spec, argv=(_venv_bin(config, host, "prefect"), *spec.argv[1:]), env=env)
+        return []
+    root = host_dir(config, host)
+    server = on_host(config, server_spec(config, where(host), host, root / "prefect-home"))
+    external = config.hosts[host].env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    if external:
+        secrets = {k: v for k, v in server.secret_env.items() if k != "PREFECT_API_DATABASE_PASSWORD"}
+        return [
+            replace(server, env={**server.env, "PREFECT_API_DATABASE_CONNECTION_URL": external}, secret_env=secrets)
+        ]
+    database = postgres_spec(config, host, where(host), root / "postgres")
+    return [*([database] if database else []), server]
 
 
 def remote_comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[ServiceSpec]:
@@ -446,9 +582,9 @@ def remote_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
     the Prefect server (when a host serves it), ComfyUI per pool, a worker per pool,
     the receivers; logs and PID files in ``<store root>/services`` on each host."""
     where: Callable[[str], Path] = lambda host: host_dir(config, host) / "services"  # noqa: E731
-    server = remote_server_spec(config, where)
+    servers = remote_server_spec(config, where)
     rest = [*worker_specs(config, config_path, where), *receiver_specs(config, where)]
-    return [*([server] if server else []), *remote_comfy_specs(config, where), *(on_host(config, s) for s in rest)]
+    return [*servers, *remote_comfy_specs(config, where), *(on_host(config, s) for s in rest)]
 
 
 def service_specs(config: LocalConfig, config_path: Path) -> list[ServiceSpec]:
@@ -484,7 +620,7 @@ class Runner(Protocol):
 
     def tail(self, spec: ServiceSpec, lines: int = 12) -> list[str]: ...
 
-    def ensure_secret(self, secret: SecretSource) -> None: ...
+    def ensure_secret(self, secret: SecretSource, prefix: str = "") -> None: ...
 
     def sync_config(self, config_path: Path) -> None:
         """local.json at the same absolute path on the host (flows and workers name it by that path)."""
@@ -535,6 +671,31 @@ def _tree_groups(pid: int, table: dict[int, tuple[int, int]]) -> set[int]:
     return groups
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP)
+
+
+def _default_signals() -> None:
+    """In the child before exec: the stop signals back to their default disposition.
+
+    Why: an ignored signal stays ignored across fork and exec. When ``start`` itself runs
+    with SIGINT ignored (a job started as ``cmd &`` by a non-interactive shell, some CI
+    runners, an SSH session's shell), every service inherited that, and a Prefect worker
+    turns SIGTERM into SIGINT to itself: it then ignored ``stop`` until SIGKILL.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _run_setup(spec: ServiceSpec, command: tuple[str, ...], env: Mapping[str, str]) -> None:
+    try:
+        done = subprocess.run(list(command), env=dict(env), capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise H3FlowError(f"cannot prepare {spec.name}: {command[0]}: {exc}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise H3FlowError(f"cannot prepare {spec.name}: {last[0][-300:]}")
+
+
 class LocalRunner:
     """Runs services on this machine: ``subprocess`` in a new session, ``/proc`` to inspect."""
 
@@ -583,9 +744,13 @@ class LocalRunner:
     def spawn(self, spec: ServiceSpec) -> Proc:
         for path in (spec.log, spec.pidfile):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(spec.cwd).mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(spec.env)
+        for command in spec.setup:
+            _run_setup(spec, command, env)
+        Path(spec.cwd).mkdir(parents=True, exist_ok=True)
+        env.update({name: read_secret(ref) for name, ref in spec.secret_env.items()})
+        user = spec.user if spec.user and os.geteuid() == 0 else None
         started = time.time()
         with open(spec.log, "ab") as log:
             log.write(f"\n=== h3flow: starting {spec.name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
@@ -599,16 +764,20 @@ class LocalRunner:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    user=user,
+                    preexec_fn=_default_signals,
                 )
-            except OSError as exc:
-                raise H3FlowError(f"cannot start {spec.name}: {spec.argv[0]}: {exc.strerror or exc}") from None
+            except (OSError, KeyError) as exc:  # KeyError: no such user
+                reason = exc.strerror if isinstance(exc, OSError) else f"no system user {user!r}"
+                raise H3FlowError(f"cannot start {spec.name}: {spec.argv[0]}: {reason or exc}") from None
         self._children[child.pid] = child
         atomic_write_text(spec.pidfile, f"{child.pid}\n")
         return Proc(child.pid, True, started)
 
     def stop(self, spec: ServiceSpec, pid: int) -> bool:
+        """The stop signal to the groups of the whole tree; SIGKILL only when the grace runs out."""
         groups = _tree_groups(pid, _process_table())
-        self._signal(groups, signal.SIGTERM)
+        self._signal(groups, signal.Signals(spec.stop_signal))
         killed = not self._wait_gone(pid, groups, spec.stop_grace)
         if killed:
             self._signal(groups, signal.SIGKILL)
@@ -656,11 +825,11 @@ class LocalRunner:
             return []
         return [line for line in text.splitlines() if line.strip()][-lines:]
 
-    def ensure_secret(self, secret: SecretSource) -> None:
+    def ensure_secret(self, secret: SecretSource, prefix: str = "") -> None:
         from h3flow.config.secret import ensure_secret_file
 
         if secret.source == "file":
-            ensure_secret_file(Path(str(secret.path)))
+            ensure_secret_file(Path(str(secret.path)), prefix)
 
     def sync_config(self, config_path: Path) -> None:
         """Nothing to do: this machine already holds local.json."""

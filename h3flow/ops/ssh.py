@@ -109,6 +109,10 @@ def spec_json(spec: ServiceSpec) -> dict[str, Any]:
         "log": spec.log,
         "pidfile": spec.pidfile,
         "stop_grace": spec.stop_grace,
+        "stop_signal": int(spec.stop_signal),
+        "secret_env": {name: list(ref) for name, ref in spec.secret_env.items()},  # where, never the value
+        "user": spec.user,
+        "setup": [list(command) for command in spec.setup],
     }
 
 
@@ -189,7 +193,7 @@ class SshRunner:
         return proc_from(facts, spec.argv)
 
     def spawn(self, spec: ServiceSpec) -> Proc:
-        answer = self.agent("spawn", spec_json(spec), timeout=60.0)
+        answer = self.agent("spawn", spec_json(spec), timeout=300.0 if spec.setup else 60.0)  # initdb: seconds
         return Proc(int(answer["pid"]), True, answer.get("started"))
 
     def stop(self, spec: ServiceSpec, pid: int) -> bool:
@@ -209,14 +213,14 @@ class SshRunner:
             return []
         return [line for line in out.splitlines() if line.strip()][-lines:] if code == 0 else []
 
-    def ensure_secret(self, secret: SecretSource) -> None:
-        """The transfer secret file, copied from this machine (one secret for all hosts; made here if missing)."""
+    def ensure_secret(self, secret: SecretSource, prefix: str = "") -> None:
+        """A secret file, copied from this machine (one secret for all hosts; made here if missing)."""
         if secret.source != "file":
             return  # env: must be set in the host's environment; prefect-secret: read from the API
         from h3flow.config.secret import ensure_secret_file
 
         local = Path(str(secret.path)).expanduser()
-        ensure_secret_file(local)
+        ensure_secret_file(local, prefix)
         self.put_bytes(str(secret.path), local.read_bytes(), 0o600)
 
     def sync_config(self, config_path: Path) -> None:

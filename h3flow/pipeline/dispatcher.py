@@ -357,8 +357,14 @@ class Dispatcher:
         return run_tag(self.manifest.run_id)
 
     def pick_decoder(self) -> str:
+        """The live decoder with the fewest clips headed its way (sampling, sampled or decoding):
+        counting only decode runs in flight sent a whole first wave of samples to one decoder."""
         decoders = self.live_pools("decode")
-        return min(decoders, key=lambda d: (self.in_flight(d), d))
+        load = dict.fromkeys(decoders, 0)
+        for rec in self.manifest.clips.values():
+            if rec.decoder in load and rec.state in ("sampling", "sampled", "decoding"):
+                load[rec.decoder] += 1
+        return min(decoders, key=lambda d: (load[d], d))
 
     def submit_decodes(self) -> bool:
         changed = False

@@ -1,11 +1,15 @@
 """Talk to the Prefect server local.json names: every Prefect API call h3flow makes.
 
-:func:`prefect_api` points Prefect's client at the config's server (never an ephemeral
-one, whatever the caller's environment says); :class:`PrefectApi` is the handful of
-calls the dispatcher makes, in one place so tests can stand in for it. The functions at
-the end are what the operator's commands ask about a run (``status`` links, ``logs``,
-``cancel``): a run's flow runs are its batch (dispatcher) runs, by id, and every flow
-run tagged ``h3flow-run:<id>`` (the clips' children, named ``[<run>/]<clip>·<stage>·<pool>``).
+:func:`prefect_api` points Prefect's client at the config's server with the cluster's
+credential (never an ephemeral server, never ``~/.prefect``, whatever the caller's
+environment says); :func:`api_headers` is the same credential for plain HTTP calls;
+:class:`PrefectApi` is the handful of calls the dispatcher and the pool runners make, in
+one place so tests can stand in for it. Inside a worker's flow run the worker's
+environment already holds the URL and the credential (``h3flow start`` gives them). The
+functions at the end are what the operator's commands ask about a run (``status`` links,
+``logs``, ``cancel``): a run's flow runs are its batch (dispatcher) runs, by id, and
+every flow run tagged ``h3flow-run:<id>`` (the clips' children, named
+``[<run>/]<clip>·<stage>·<pool>``).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
 from h3flow.config.models import LocalConfig
-from h3flow.config.settings import settings
+from h3flow.config.settings import prefect_client_home, settings
 from h3flow.core.contracts import CLIPS_QUEUE, STOP_TAG, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.results import StageResult, results_from_rows
@@ -36,13 +41,80 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 
+def client_home(config: LocalConfig) -> Path:
+    """PREFECT_HOME for h3flow's own Prefect client: the work dir's for the embedded default,
+    h3flow's cache folder otherwise, never ``~/.prefect`` (another Prefect's profiles,
+    database and memo store live there)."""
+    if config.work_dir:
+        return Path(config.work_dir) / "prefect"
+    return prefect_client_home()
+
+
+def api_credential(config: LocalConfig) -> str | None:
+    """The cluster API's basic-auth credential ('user:password'), None for an open API."""
+    if config.prefect.auth is None:
+        return None
+    from h3flow.config.secret import load_secret
+
+    return load_secret(config.prefect.auth).decode().strip()
+
+
+def api_headers(config: LocalConfig) -> dict[str, str]:
+    """Headers for a plain HTTP call to the API (httpx, a browser test): the credential, if any."""
+    from h3flow.config.secret import basic_auth_header
+
+    credential = api_credential(config)
+    return {} if credential is None else basic_auth_header(credential)
+
+
 @contextlib.contextmanager
 def prefect_api(config: LocalConfig) -> Iterator[None]:
-    """Point Prefect's client at ``config.prefect.api_url`` (never an ephemeral server)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    """Point Prefect's client at ``config.prefect.api_url``, with the cluster's credential.
 
-    with temporary_settings({PREFECT_API_URL: config.prefect.api_url}):
+    The single way h3flow talks to Prefect: never an ephemeral server (the caller's
+    environment cannot send it elsewhere, and with no server there is an error, not a
+    temporary one), never ``~/.prefect`` (PREFECT_HOME is h3flow's, see :func:`client_home`).
+    """
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_SERVER_ALLOW_EPHEMERAL_MODE,
+        temporary_settings,
+    )
+
+    home = client_home(config)
+    home.mkdir(parents=True, exist_ok=True)
+    updates: dict[Any, Any] = {
+        PREFECT_API_URL: config.prefect.api_url,
+        PREFECT_API_AUTH_STRING: api_credential(config),
+        PREFECT_HOME: str(home),
+        PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False,
+    }
+    with temporary_settings(updates):
         yield
+
+
+def require_api(config: LocalConfig, timeout: float = 5.0) -> None:
+    """One line, not a temporary server, when the config's API does not answer or refuses h3flow."""
+    url = config.prefect.api_url.rstrip("/")
+    try:
+        health = httpx.get(f"{url}/health", timeout=timeout)
+        version = httpx.get(f"{url}/admin/version", headers=api_headers(config), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise H3FlowError(
+            f"the Prefect API at {config.prefect.api_url} does not answer ({type(exc).__name__}): "
+            "start it with `h3flow start` (h3flow never starts a temporary server)"
+        ) from None
+    if version.status_code == 401:
+        raise H3FlowError(
+            f"the Prefect API at {config.prefect.api_url} refused h3flow's credential (401): "
+            "prefect.auth must name the file (or variable) the server was started with"
+        )
+    if health.status_code != 200 or version.status_code != 200:
+        raise H3FlowError(
+            f"the Prefect API at {config.prefect.api_url} answered {version.status_code}: is it a Prefect server?"
+        )
 
 
 @dataclass(frozen=True)

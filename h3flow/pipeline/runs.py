@@ -43,14 +43,20 @@ Stager = Callable[[LocalConfig, Batch], Batch]
 """Puts a batch's images where the encoder hosts read them; returns the batch as they will see it."""
 
 
-def deploy_everything(config_path: Path) -> list[str]:
+def deploy_everything(config_path: Path, config: LocalConfig | None = None) -> list[str]:
+    """Work pools, deployments and blocks on the config's server (``deploy``, and ``start``
+    when it starts something): an API that does not answer is an error, never a reason to
+    start a temporary server."""
     from h3flow.pipeline.blocks import save_host_blocks, save_secret_block
     from h3flow.pipeline.deployments import deploy_all
+    from h3flow.pipeline.prefect_api import prefect_api, require_api
 
-    config = load_local_config(config_path)
+    config = config or load_local_config(config_path)
+    require_api(config)
     names = deploy_all(config, config_path)
-    save_host_blocks(config)
-    save_secret_block(config)
+    with prefect_api(config):
+        save_host_blocks(config)
+        save_secret_block(config)
     return names
 
 
