@@ -34,7 +34,7 @@ lint: venv
 
 # the quick tier: no Prefect server, no ComfyUI
 test-fast: venv
-	$(PY) -m pytest -q -m "not prefect and not comfy and not netns"
+	$(PY) -m pytest -q -m "not prefect and not comfy and not netns and not faults"
 
 bench: venv
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
