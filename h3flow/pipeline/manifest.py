@@ -78,6 +78,7 @@ class Manifest(BaseModel):
     updated: str = Field(default_factory=now)
     state: RunState = "pending"
     flow_run_ids: list[str] = Field(default_factory=list)
+    submitted: float | None = Field(None, description="when the batch run was submitted (its scheduled start, epoch s)")
     started: float | None = None
     finished: float | None = None
     error: str | None = None

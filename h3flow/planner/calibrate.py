@@ -1,10 +1,10 @@
 """Refit the planner's profile from what runs measured (``h3flow calibrate RUN_ID…``).
 
-For each sampler pool and decoder, what a clip really cost it is read off the runs as
-throughput (:func:`h3flow.pipeline.calibration.occupancy`), so the overheads of a real run — flow-run
-start-up, API round trips — are in the profile and the planner predicts what the
-cluster delivers. The profile's stage for that (GPU model, degree, spec) is set so the
-simulated cost equals the median measured one. Everything else is
+Stage times are set from the runs' pure work (each stage's own seconds, medians per GPU
+model, Ulysses degree and spec — pools of one GPU model pool their data), and the
+profile's ``[orchestration]`` table from the gaps around it (what Prefect added:
+:mod:`h3flow.pipeline.calibration` measures both). Kept apart, the planner can simulate a
+batch with the orchestration (a prediction) or without it (the ideal). Everything else is
 copied from the base profile. The result is a TOML file `plan --profile` reads.
 """
 
@@ -18,52 +18,65 @@ from typing import Any
 
 from h3flow.config.models import LocalConfig
 from h3flow.core.errors import ConfigError
-from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
+from h3flow.core.specs import frames_for_seconds
+from h3flow.planner.profile import DEFAULT_PROFILE, Orchestration, load_profile
+from h3flow.planner.resources import Resources
+
+__all__ = ["MIN_SECONDS", "Orchestration", "Work", "fit_profile", "lookup", "to_toml"]
 
 MIN_SECONDS = 0.01
 
-
-Occupancy = dict[tuple[str, str], list[float]]  # (pool or decoder, spec) -> seconds per clip it cost
+Work = dict[tuple[str, str, str], list[float]]
+"""(pool, decoder or link name; stage; spec) -> the stage's measured seconds, one per clip."""
 
 
 def fit_profile(
-    config: LocalConfig, sampled: Occupancy, decoded: Occupancy, base: Path | None = None
+    config: LocalConfig, work: Work, orchestration: Orchestration, base: Path | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """The base profile with the measured entries replaced; and one line per change."""
     base_path = Path(base) if base else DEFAULT_PROFILE
     raw = tomllib.loads(base_path.read_text(encoding="utf-8"))
     profile = load_profile(base_path)
     notes: list[str] = []
-    samples: dict[tuple[str, int, str], list[float]] = defaultdict(list)  # pools of one GPU model pool their data
-    for (pool_name, spec), seconds in sampled.items():
-        pool = config.pool(pool_name)
-        samples[(pool.gpu_model, pool.ulysses_degree, spec)].extend(seconds)
-    for (model, degree, spec), seconds in sorted(samples.items()):
+    grouped: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    transfers: list[float] = []
+    links = {lk.name: lk for lk in Resources.from_config(config).links}
+    for (resource, stage, spec), seconds in work.items():
+        if stage == "transfer":
+            gbit_s = links[resource].gbit_s
+            wire = profile.latent_bytes(spec, frames_for_seconds(profile.data.clip_seconds)) * 8 / (gbit_s * 1e9)
+            transfers += [s - wire for s in seconds]
+            continue
+        pool = config.pool(resource)
+        degree = (str(pool.ulysses_degree),) if stage == "sample" else ()
+        grouped[(pool.gpu_model, stage, spec, *degree)].extend(seconds)
+    for key, seconds in sorted(grouped.items()):
+        model, stage, spec = key[:3]
         held = statistics.median(seconds)
-        others = (
-            lookup(profile.encode, model, spec, "calibrate")
-            + lookup(profile.offload, model, spec, "calibrate")
-            + lookup(profile.handoff, spec, "calibrate")
-        )
-        value = round(max(held - others, MIN_SECONDS), 3)
-        raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("sample", {}).setdefault(spec, {})[str(degree)] = (
-            value
-        )
-        _measured(raw, f"gpu.{model}.sample.{spec}.{degree}")
-        notes.append(
-            f"gpu.{model}.sample.{spec}.{degree} = {value} s (median of {len(seconds)} clips held {held:.2f} s)"
-        )
-    decodes: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for (decoder, spec), seconds in decoded.items():
-        decodes[(config.pool(decoder).gpu_model, spec)].extend(seconds)
-    for (model, spec), seconds in sorted(decodes.items()):
-        held = statistics.median(seconds)
-        value = round(max(held - lookup(profile.mux, model, spec, "calibrate"), MIN_SECONDS), 3)
-        raw.setdefault("gpu", {}).setdefault(model, {}).setdefault("decode", {})[spec] = value
-        _measured(raw, f"gpu.{model}.decode.{spec}")
-        notes.append(f"gpu.{model}.decode.{spec} = {value} s (median of {len(seconds)} clips held {held:.2f} s)")
+        # the handoff (writing the latent) is inside the sample stage, the mux inside the decode
+        inside = lookup(profile.handoff, spec, "calibrate") if stage == "sample" else 0.0
+        inside = lookup(profile.mux, model, spec, "calibrate") if stage == "decode" else inside
+        value = round(max(held - inside, MIN_SECONDS), 3)
+        table = raw.setdefault("gpu", {}).setdefault(model, {}).setdefault(stage, {})
+        if stage == "sample":
+            table.setdefault(spec, {})[key[3]] = value
+        else:
+            table[spec] = value
+        entry = ".".join(("gpu", model, stage, spec, *key[3:]))
+        _measured(raw, entry)
+        notes.append(f"{entry} = {value} s (median of {len(seconds)} clips: {held:.3f} s)")
+    if transfers:
+        value = round(max(statistics.median(transfers), MIN_SECONDS), 3)
+        raw.setdefault("transfer", {})["overhead_s"] = value
+        notes.append(f"transfer.overhead_s = {value} s (median of {len(transfers)} latents, wire time taken out)")
     if not notes:
         raise ConfigError("nothing to calibrate: the runs have no executed (uncached) stages")
+    raw["orchestration"] = {k: round(v, 3) for k, v in orchestration.model_dump().items()}
+    notes.append(
+        "orchestration: "
+        + ", ".join(f"{k} = {v:.3f} s" for k, v in orchestration.model_dump().items())
+        + " (medians of the gaps around the stages)"
+    )
     return raw, notes
 
 

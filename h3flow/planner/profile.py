@@ -66,6 +66,23 @@ class Transfer(_Strict):
     overhead_s: Seconds = Field(description="per-latent fixed cost: connect, hash on both ends, fsync")
 
 
+class Orchestration(_Strict):
+    """What running a clip through Prefect adds to its device work (``h3flow calibrate``
+    measures it from runs; 0 where not measured). The planner adds ``pool_gap_s`` to each
+    clip's sampling and ``decode_latency_s`` to each decode; ``first_start_s`` is a run's
+    start-up before its first encode (:meth:`Profile.start_up`)."""
+
+    pool_gap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.0, description="a sampler pool's idle time between two clips when the next one is already waiting"
+    )
+    decode_latency_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.0, description="a latent verified on an idle decoder's host -> its decode starts"
+    )
+    first_start_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.0, description="a batch submitted -> its first encode starts"
+    )
+
+
 class ProfileFile(_Strict):
     version: Literal[1] = 1
     clip_seconds: Seconds = 5.0
@@ -76,6 +93,7 @@ class ProfileFile(_Strict):
     )
     handoff: PerSpec
     transfer: Transfer
+    orchestration: Orchestration = Orchestration()
     gpu: dict[str, GpuTimes]
 
 
@@ -141,6 +159,11 @@ class Profile:
 
     def mux(self, model: str, spec: str, why: str) -> float:
         return self._per_spec(model, "mux", spec, why)
+
+    @property
+    def start_up(self) -> float:
+        """Seconds from submitting a batch to its first encode (measured runs; 0 if never measured)."""
+        return self.data.orchestration.first_start_s
 
     def handoff(self, spec: str, why: str) -> float:
         if spec not in self.data.handoff:

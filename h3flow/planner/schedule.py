@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-STAGES = ("encode", "offload", "sample", "handoff", "transfer", "decode", "mux")
+from h3flow.core.contracts import PLANNER_STAGES
+
+STAGES = PLANNER_STAGES
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from h3flow.core.contracts import AHEAD  # clips in flight per sampler pool, as the live dispatcher keeps
 from h3flow.planner.instance import Instance
 from h3flow.planner.schedule import Schedule, StageRun
-
-AHEAD = 2  # clips in flight per sampler pool: one running, one queued (as the live dispatcher)
 
 Sequences = list[list[int]]
 

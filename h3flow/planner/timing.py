@@ -86,7 +86,7 @@ class Planner:
         times = SamplerTimes(
             encode=_m(measured, encoder.name, "encode", spec, p.encode(encoder.gpu_model, spec, why)),
             offload=_m(measured, encoder.name, "offload", spec, p.offload(encoder.gpu_model, spec, why)),
-            sample=_m(measured, pool.name, "sample", spec, looked.seconds) * length,
+            sample=_m(measured, pool.name, "sample", spec, looked.seconds) * length + p.data.orchestration.pool_gap_s,
             handoff=_m(measured, pool.name, "handoff", spec, p.handoff(spec, why)) * size,
         )
         if not measured:
@@ -114,7 +114,8 @@ class Planner:
         why = f"decoder {decoder.label}, spec {spec}"
         scale = p.length_factor(clip.frames)
         times = (
-            _m(measured, decoder.name, "decode", spec, p.decode(decoder.gpu_model, spec, why)) * scale,
+            _m(measured, decoder.name, "decode", spec, p.decode(decoder.gpu_model, spec, why)) * scale
+            + p.data.orchestration.decode_latency_s,
             _m(measured, decoder.name, "mux", spec, p.mux(decoder.gpu_model, spec, why)) * scale,
         )
         if not measured:

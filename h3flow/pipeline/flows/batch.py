@@ -107,6 +107,8 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
     own_id = str(flow_run.id) if flow_run.id else None
     if own_id and own_id not in manifest.flow_run_ids:
         manifest.flow_run_ids.append(own_id)
+    if manifest.submitted is None and own_id:  # where the run's start-up begins (first_start in calibration)
+        manifest.submitted = flow_run.scheduled_start_time.timestamp()
     api = PrefectApi(parent_flow_run_id=own_id)
     try:
         if own_id:  # the inbox run keeps its name and gathers one tag per batch it runs
