@@ -23,7 +23,7 @@ reference-model clips through it:
 
 Scales: ``tiny`` is the demo's clips (sub-second stages: orchestration dominates);
 ``production`` gives each sample >= 15 s of real reference-model compute (SD, more
-denoising steps; no sleeps), the regime of the real cluster where a clip samples for
+``production`` gives each sample >= 15 s of the real cluster where a clip samples for
 77-235 s. Load averages are printed: on a busy machine every figure is worse.
 """
 
@@ -74,7 +74,7 @@ class Scale:
 
 SCALES = {
     "tiny": Scale("tiny", "tiny", 6, 24),
-    "production": Scale("production", "sd", 40, 12),
+    "production": Scale("production", "hd", 24, 12),
 }
 CALIBRATION_CLIPS = 6
 

@@ -15,11 +15,10 @@ the two decoder hosts) -> batches -> the lab's faults -> stop:
 
 each ends with every clip delivered once (or a clear failure that ``resume`` completes).
 
-Run state: the controller reads a run's manifest from its own ``runs_dir``, which the
-dispatcher (on host-a) cannot see on private filesystems; the lead's issue-17 change
-(the manifest through Prefect, resume asking each host's agent) removes that. Until
-then the run assertions xfail with that reason; ``H3FLOW_LAB_SHARED_RUN_STATE=1`` mounts
-the controller's runs and batch folders on host-a (as NFS would) to exercise the faults.
+Run state needs no shared disk: ``run`` stages the batch's images into each encoder
+host's input store through its agent, the dispatcher keeps the manifest on host-a, and
+``wait`` / ``status`` / ``runs`` / ``resume`` on the controller reach it through Prefect
+and host-a's agent; ``resume`` asks each decoder host's agent what its store holds.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,6 +45,7 @@ from h3flow.config.models import LocalConfig, load_local_config
 
 pytestmark = [pytest.mark.netns, pytest.mark.prefect]
 H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
+ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ["host-a", "xtx", "host-b", "host-c"]
 WHERE = {
     "postgres": "host-a",
@@ -58,15 +59,6 @@ WHERE = {
     "receiver-host-c": "host-c",
 }
 SERVICES = list(WHERE)
-SHARED_RUN_STATE = os.environ.get("H3FLOW_LAB_SHARED_RUN_STATE") == "1"
-STALE_LOCK_XFAIL = (
-    "the decode killed with its host left a Prefect cache lock without expiry, and the new decode of that clip "
-    "waits on it forever (issue 16, 'locks that cannot outlive their holder': pending in the lead's pipeline work)"
-)
-RUN_STATE_XFAIL = (
-    "run state is read from the controller's runs_dir, which the dispatcher on host-a cannot see on private "
-    "filesystems: needs the lead's issue-17 change (manifest through Prefect, resume through each host's agent)"
-)
 
 
 @dataclass
@@ -74,7 +66,6 @@ class MultiHost:
     lab: Lab
     ssh_config: Path
     config_path: Path
-    run_state_reaches_the_dispatcher: bool | None = None  # learnt by the first batch
 
     @property
     def config(self) -> LocalConfig:
@@ -110,35 +101,17 @@ class MultiHost:
         return sum(1 for host in HOSTS for line in self.journal(host) if (line["stage"], line["clip"]) == (stage, clip))
 
     def submit(self, name: str, clips: list[dict]) -> str:
-        batch = write_batch(self.lab.ctl / "batches" / f"{name}.json", clips)
+        image = self.lab.ctl / "batches" / "landscape.png"  # on the controller only: `run` stages it to the encoders
+        if not image.exists():
+            shutil.copyfile(ROOT / "examples" / "images" / "landscape.png", image)
+        batch = write_batch(self.lab.ctl / "batches" / f"{name}.json", [{"image": str(image), **c} for c in clips])
         done = self.h3("run", str(batch), "--background")
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout.strip().splitlines()[-1]
 
     def wait(self, run_id: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
         done = self.h3("wait", run_id, "--timeout", str(timeout), timeout=timeout + 60)
-        said = done.stdout + done.stderr
-        if not SHARED_RUN_STATE and done.returncode != 0 and "dispatcher" in said and str(self.lab.ctl) in said:
-            self.run_state_reaches_the_dispatcher = False
-            pytest.xfail(RUN_STATE_XFAIL)  # the dispatcher could not read the controller's batch / manifest
-        self.run_state_reaches_the_dispatcher = True
         return done
-
-    def needs_run_state(self) -> None:
-        """A fault test needs a run that runs: xfail at once where the first batch showed it cannot."""
-        if self.run_state_reaches_the_dispatcher is False:
-            pytest.xfail(RUN_STATE_XFAIL)
-
-    def stale_cache_locks(self) -> list[str]:
-        """Prefect cache locks (``<store>/prefect-results/locks``) with no expiry: what a killed
-        stage leaves behind (issue 16), seen in every host's private store."""
-        found = []
-        for host in HOSTS:
-            locks = self.seen_by(host, Path(self.config.hosts[host].storage.root) / "prefect-results" / "locks")
-            for lock in locks.glob("*.lock") if locks.is_dir() else ():
-                if json.loads(lock.read_text() or "{}").get("expiration") is None:
-                    found.append(f"{host}:{lock.name}")
-        return found
 
     def status(self, run_id: str) -> dict:
         done = self.h3("status", run_id, "--json")
@@ -222,10 +195,8 @@ def mh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
     lab = make_lab(HOSTS)
     cluster = MultiHost(lab, root / "ssh" / "ssh_config", lab.ctl / "local.json")
     try:
-        share = {"host-a": (lab.ctl / "runs", lab.ctl / "batches")} if SHARED_RUN_STATE else {}
-        for folder in (lab.ctl / "runs", lab.ctl / "batches"):
-            folder.mkdir(parents=True, exist_ok=True)
-        lab.start_sshd(root / "ssh", share)
+        (lab.ctl / "batches").mkdir(parents=True, exist_ok=True)
+        lab.start_sshd(root / "ssh", {})
         (lab.ctl / "host-map.json").write_text(json.dumps(host_map(lab), indent=2))
         yield cluster
     finally:
@@ -412,7 +383,6 @@ def _finish(mh: MultiHost, run_id: str, done: subprocess.CompletedProcess[str]) 
 @pytest.mark.timeout(1800)
 def test_a_sampler_host_cut_off_mid_batch(mh: MultiHost) -> None:
     clips = [f"x{i}" for i in range(3)]
-    mh.needs_run_state()
     run_id = mh.submit("cut", [{"id": c, "seed": 100 + i} for i, c in enumerate(clips)])
     try:
         wait_until(
@@ -435,7 +405,6 @@ def test_a_sampler_host_cut_off_mid_batch(mh: MultiHost) -> None:
 @pytest.mark.timeout(1800)
 def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh: MultiHost) -> None:
     clips = [f"r{i}" for i in range(3)]
-    mh.needs_run_state()
     run_id = mh.submit("reboot", [{"id": c, "seed": 200 + i} for i, c in enumerate(clips)])
     wait_until(
         lambda: any(line["clip"] in clips for line in mh.journal("host-b")),
@@ -445,16 +414,10 @@ def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh:
     )
     for service in ("worker-h3-b", "receiver-host-b"):  # a reboot: every process gone, the disk kept
         kill_tree(mh.pid(service))
-    orphaned = set(mh.stale_cache_locks())  # held by the processes just killed: nobody else can free them
     back = mh.h3("start", timeout=600)  # the host is up again: the operator starts its services
     assert back.returncode == 0 and back.stdout.count("restarted") == 2, back.stdout + back.stderr
     assert "worker-h3-b" in back.stdout and "receiver-host-b" in back.stdout
-    done = mh.wait(run_id, timeout=120)
-    if done.returncode != 0 and "still running after" in done.stderr:
-        stale = orphaned & set(mh.stale_cache_locks())
-        if stale:
-            pytest.xfail(f"{STALE_LOCK_XFAIL}: {sorted(stale)}")
-        done = mh.wait(run_id)
+    done = mh.wait(run_id)  # the killed decode's cache lock died with its process (flock): nothing waits on it
     if done.returncode != 0:
         assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, done.stdout + done.stderr
         resumed = mh.h3("resume", run_id, timeout=900)
@@ -465,7 +428,6 @@ def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh:
 @pytest.mark.timeout(1800)
 def test_the_api_hosts_server_and_database_restarted_mid_batch(mh: MultiHost) -> None:
     clips = [f"p{i}" for i in range(3)]
-    mh.needs_run_state()
     run_id = mh.submit("restart", [{"id": c, "seed": 300 + i} for i, c in enumerate(clips)])
     wait_until(
         lambda: any(line["clip"] in clips for host in HOSTS for line in mh.journal(host)),

@@ -38,6 +38,7 @@ from h3flow.ops.ssh import SSH_CONFIG_ENV, SshRunner, SshRunners, remote
 pytestmark = pytest.mark.sshd
 quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115 - lives for the module
 cli = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -427,3 +428,33 @@ def test_store_inventory_asks_the_host_and_verifies_by_sha256(config) -> None:
         store_inventory(cfg, "host-b", [], [("/etc/passwd", sha_good)])
     with pytest.raises(H3FlowError, match="not a SHA-256 content address"):
         store_inventory(cfg, "host-b", ["../../etc/passwd"], [])
+
+
+# --------------------------------------------------------------------------- run state and images, no shared disk
+def test_images_are_staged_and_run_state_is_read_through_the_hosts_agents(config, tmp_path: Path) -> None:
+    import hashlib
+
+    from h3flow.core.batch import Batch, Clip
+    from h3flow.handoff.inputs import image_on_this_host, input_path
+    from h3flow.ops.remote import image_stager, manifest_reader, run_lister
+    from h3flow.pipeline.manifest import new_manifest, save_manifest
+
+    cfg, _path = config
+    image = tmp_path / "controller-only.png"
+    image.write_bytes((ROOT / "examples" / "images" / "landscape.png").read_bytes())
+    sha = hashlib.sha256(image.read_bytes()).hexdigest()
+    batch = Batch(name="b", clips=[Clip(id="c0", prompt="p", image=image, spec="tiny", seed=1, image_sha256=sha)])
+    assert image_stager(cfg)(cfg, batch) == batch
+    staged = input_path(Path(cfg.hosts["host-a"].storage.root), sha, ".png")
+    assert hashlib.sha256(staged.read_bytes()).hexdigest() == sha  # host-a (the only encoder host) holds it
+    image.unlink()  # gone from the "controller": the encode stage finds the staged copy
+    assert image_on_this_host(batch.clips[0], Path(cfg.hosts["host-a"].storage.root), "host-a").image == staged
+
+    manifest = new_manifest("run-1", "b", batch.clips, "local.json")
+    manifest.state = "completed"
+    save_manifest(cfg.runs_dir, manifest)
+    assert manifest_reader(cfg)("run-1").model_dump() == manifest.model_dump()
+    (listed,) = run_lister(cfg)(5)
+    assert (listed.run_id, listed.state, listed.clips) == ("run-1", "completed", 1)
+    with pytest.raises(H3FlowError, match="host host-a .*unknown run id .run-1x."):
+        manifest_reader(cfg)("run-1x")

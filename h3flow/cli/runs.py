@@ -56,9 +56,17 @@ def styled(state: str) -> Text:
     return Text(state, style=STATE_STYLE.get(state, ""))
 
 
+def read_run(run_id: str, config_path: Path) -> Manifest:
+    """The run's manifest from wherever its dispatcher keeps it (this machine or the control host)."""
+    from h3flow.config.models import load_local_config
+    from h3flow.ops.remote import manifest_reader
+
+    return manifest_reader(load_local_config(config_path))(run_id)
+
+
 def wait_for(run_id: str, config_path: Path, timeout: float | None = None) -> Manifest:
     """``wait``: progress bars (sampled, delivered) until the dispatcher ends; then the run's manifest."""
-    from h3flow.pipeline.runs import load_run, watch_run
+    from h3flow.pipeline.runs import watch_run
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -83,7 +91,7 @@ def wait_for(run_id: str, config_path: Path, timeout: float | None = None) -> Ma
                 progress.update(bars["delivered"], completed=seen.delivered, total=seen.total)
 
         final = watch_run(run_id, config_path, show, timeout)
-    manifest = load_run(run_id, config_path)
+    manifest = read_run(run_id, config_path)
     if manifest.state not in ("completed", "failed", "cancelled"):
         manifest.error = f"dispatcher {final.state.lower()}: {final.message or 'no reason given'}"
     return manifest
@@ -235,10 +243,12 @@ def run(
     config: ConfigOpt = None,
 ) -> None:
     """Step 6: submit a batch; prints the run id (then waits, unless --background)."""
+    from h3flow.config.models import load_local_config
+    from h3flow.ops.remote import image_stager
     from h3flow.pipeline.runs import start_run
 
     config_path = config_file(config)
-    run_id = start_run(batch, config_path)
+    run_id = start_run(batch, config_path, stage=image_stager(load_local_config(config_path)))
     typer.echo(run_id)
     if not background:
         raise typer.Exit(finish(wait_for(run_id, config_path)))
@@ -298,15 +308,13 @@ def status(
     config: ConfigOpt = None,
 ) -> None:
     """A table of a run's clips x stages and their Prefect UI links (--services: the services on each host)."""
-    from h3flow.pipeline.runs import load_run
-
     config_path = config_file(config)
     if services:
         print_services(config_path, as_json)
         return
     if run_id is None:
         raise H3FlowError("give a run id, or --services")
-    manifest = load_run(run_id, config_path)
+    manifest = read_run(run_id, config_path)
     found, why = clip_links(config_path, manifest) if links else (None, None)
     if as_json:
         print_json(status_json(manifest, found))
@@ -339,9 +347,9 @@ def runs(
 ) -> None:
     """Recent runs, newest first: state, clips delivered / failed / left, age."""
     from h3flow.config.models import load_local_config
-    from h3flow.pipeline.runs import list_runs
+    from h3flow.ops.remote import run_lister
 
-    found = list_runs(load_local_config(config_file(config)), limit)
+    found = run_lister(load_local_config(config_file(config)))(limit)
     if as_json:
         print_json({"runs": [r.to_json() for r in found]})
         return
@@ -375,10 +383,10 @@ def logs(
 ) -> None:
     """The Prefect logs of a run's batch flow run, or of one clip's flow runs."""
     from h3flow.config.models import load_local_config
-    from h3flow.pipeline.runs import load_run, run_logs
+    from h3flow.pipeline.runs import run_logs
 
     config_path = config_file(config)
-    lines = run_logs(load_local_config(config_path), load_run(run_id, config_path), clip)
+    lines = run_logs(load_local_config(config_path), read_run(run_id, config_path), clip)
     if as_json:
         print_json({"run_id": run_id, "clip": clip, "logs": [line.to_json() for line in lines]})
         return
@@ -398,10 +406,10 @@ def cancel(
 ) -> None:
     """Cancel a run: its batch flow run and every clip flow run that has not ended (resume continues it later)."""
     from h3flow.config.models import load_local_config
-    from h3flow.pipeline.runs import cancel_run, load_run
+    from h3flow.pipeline.runs import cancel_run
 
     config_path = config_file(config)
-    cancelled = cancel_run(load_local_config(config_path), load_run(run_id, config_path))
+    cancelled = cancel_run(load_local_config(config_path), read_run(run_id, config_path))
     if as_json:
         print_json({"run_id": run_id, "cancelled": [r.to_json() for r in cancelled]})
         return
@@ -426,11 +434,12 @@ def resume(
 ) -> None:
     """Step 8: verify what exists and redo only the missing sampling / decoding."""
     from h3flow.config.models import load_local_config
-    from h3flow.ops.remote import cluster_inventory
+    from h3flow.ops.remote import cluster_inventory, manifest_reader
     from h3flow.pipeline.runs import resume_run
 
     config_path = config_file(config)
-    found = resume_run(run_id, config_path, inventory=cluster_inventory(load_local_config(config_path)))
+    loaded = load_local_config(config_path)
+    found = resume_run(run_id, config_path, read=manifest_reader(loaded), inventory=cluster_inventory(loaded))
     for line in found.repaired:
         console.print(Text.assemble(("repaired: ", "yellow"), line), soft_wrap=True)
     console.print(

@@ -374,6 +374,11 @@ class LocalConfig(Strict):
     control_work_pool: str = Field("h3-control", description="work pool of the batch (dispatcher) deployments")
     work_dir: str | None = Field(None, description="the embedded default's work dir")
 
+    @property
+    def control_host(self) -> str:
+        """Where the dispatcher (the control work pool's worker) runs and keeps the runs' manifests."""
+        return self.pools[0].host
+
     def pool(self, name: str) -> Pool:
         for pool in self.pools:
             if pool.name == name or pool.work_pool == name:

@@ -378,8 +378,45 @@ def op_inventory(req: Request) -> dict[str, Any]:
     return found.to_json()
 
 
+# --------------------------------------------------------------------------- run state, batch images
+def op_manifest(req: Request) -> dict[str, Any]:
+    """A run's manifest from this host's runs_dir (the dispatcher's host writes it): ``{"manifest": {...}}``."""
+    from h3flow.pipeline.manifest import load_manifest
+
+    return {"manifest": load_manifest(req["runs_dir"], req["run_id"]).model_dump(mode="json")}
+
+
+def op_runs(req: Request) -> dict[str, Any]:
+    """The runs under this host's runs_dir, newest first (``h3flow runs`` from another machine)."""
+    from h3flow.pipeline.runs import list_runs_in
+
+    return {"runs": [r.to_json() for r in list_runs_in(Path(req["runs_dir"]), req.get("limit"))]}
+
+
+def op_stage_inputs(req: Request) -> dict[str, Any]:
+    """Store the batch's images sent in the request (``{sha256: {"suffix", "data": base64}}``)
+    in this host's input store under their content address; bytes that do not hash to
+    their name are refused. Answer: ``{"stored": [path, ...]}``."""
+    from h3flow.handoff.inputs import put_input
+    from h3flow.handoff.store import check_sha256
+
+    stored = []
+    with tempfile.TemporaryDirectory(prefix="h3flow-inputs-") as tmp:
+        for sha, item in req["images"].items():
+            suffix = str(item["suffix"])
+            if not suffix.startswith(".") or "/" in suffix or len(suffix) > 8:
+                raise H3FlowError(f"image suffix {suffix!r} is not a file suffix")
+            source = Path(tmp) / f"{check_sha256(sha)}{suffix}"
+            source.write_bytes(base64.b64decode(item["data"]))
+            stored.append(str(put_input(Path(req["store_root"]), source, sha)))
+    return {"stored": stored}
+
+
 OPS: dict[str, Callable[[Request], dict[str, Any]]] = {
     "inventory": op_inventory,
+    "manifest": op_manifest,
+    "runs": op_runs,
+    "stage_inputs": op_stage_inputs,
     "spawn": op_spawn,
     "stop": op_stop,
     "port_free": op_port_free,

@@ -21,7 +21,8 @@ from h3flow.ops.patches import PatchReport, agent_request, reports_from
 from h3flow.ops.ssh import connected
 
 if TYPE_CHECKING:
-    from h3flow.pipeline.runs import Inventory
+    from h3flow.core.batch import Batch
+    from h3flow.pipeline.runs import Inventory, ManifestReader, RunLister, Stager
 
 
 def patches_on_host(
@@ -112,3 +113,61 @@ def store_inventory(
 def cluster_inventory(config: LocalConfig) -> Inventory:
     """``resume``'s :data:`~h3flow.pipeline.runs.Inventory` for any config: each host checks its own files."""
     return functools.partial(store_inventory, config, repair=True)
+
+
+def manifest_reader(config: LocalConfig) -> ManifestReader:
+    """Run manifests where the dispatcher keeps them: this machine's runs_dir for the embedded
+    default, the control host's (through its agent) on a cluster — no shared disk."""
+    from h3flow.pipeline.manifest import Manifest
+    from h3flow.pipeline.runs import local_manifests
+
+    if config.work_dir:
+        return local_manifests(config)
+
+    def read(run_id: str) -> Manifest:
+        with connected(config, config.control_host) as runner:
+            answer = runner.agent("manifest", {"runs_dir": config.runs_dir, "run_id": run_id}, timeout=60.0)
+        return Manifest.model_validate(answer["manifest"])
+
+    return read
+
+
+def run_lister(config: LocalConfig) -> RunLister:
+    """``h3flow runs``: the runs under the dispatcher's runs_dir, wherever that is."""
+    from h3flow.pipeline.runs import RunSummary, list_runs
+
+    if config.work_dir:
+        return functools.partial(list_runs, config)
+
+    def listed(limit: int | None) -> list[RunSummary]:
+        with connected(config, config.control_host) as runner:
+            answer = runner.agent("runs", {"runs_dir": config.runs_dir, "limit": limit}, timeout=60.0)
+        return [RunSummary.from_json(item) for item in answer["runs"]]
+
+    return listed
+
+
+def image_stager(config: LocalConfig) -> Stager:
+    """``run``'s :data:`~h3flow.pipeline.runs.Stager`: the embedded default's encoders read the
+    images where they are; a cluster's get them, by content address, through each encoder
+    host's agent (the encode stage then reads the staged copy)."""
+    from h3flow.pipeline.runs import images_in_place
+
+    if config.work_dir:
+        return images_in_place
+
+    def stage(config: LocalConfig, batch: Batch) -> Batch:
+        images = {
+            clip.image_sha256: {"suffix": clip.image.suffix, "data": base64.b64encode(clip.image.read_bytes()).decode()}
+            for clip in batch.clips
+            if clip.image_sha256
+        }
+        encoders = {config.pool(p.encoder_pool or p.name).host for p in config.samplers}
+        for host in sorted(encoders):
+            with connected(config, host) as runner:
+                runner.agent(
+                    "stage_inputs", {"store_root": config.hosts[host].storage.root, "images": images}, timeout=300.0
+                )
+        return batch
+
+    return stage

@@ -383,7 +383,7 @@ def worker_specs(config: LocalConfig, config_path: Path, where: Callable[[str], 
         )
         for pool in config.pools
     ]
-    host = config.pools[0].host  # the batch (dispatcher) flow runs on the controlling host
+    host = config.control_host  # the batch (dispatcher) flow runs there
     specs.append(worker_spec(config, config_path, where(host), config.control_work_pool, host, {}))
     return specs
 

@@ -39,6 +39,9 @@ ManifestReader = Callable[[str], Manifest]
 Inventory = Callable[[str, list[str], list[tuple[str, str]]], HostFiles]
 """(host, latent SHA-256s, (output path, SHA-256)s) -> what that host really holds; damage moved aside."""
 
+RunLister = Callable[[int | None], list["RunSummary"]]
+"""limit -> the newest runs, wherever the dispatcher keeps them."""
+
 Stager = Callable[[LocalConfig, Batch], Batch]
 """Puts a batch's images where the encoder hosts read them; returns the batch as they will see it."""
 
@@ -184,13 +187,22 @@ class RunSummary:
             "error": self.error,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        return cls(**data)
+
 
 def list_runs(config: LocalConfig, limit: int | None = 20) -> list[RunSummary]:
-    """The runs under runs_dir, most recently changed first (at most ``limit``; None: all).
+    """The runs under this machine's runs_dir (the embedded default's; a cluster's are on the
+    dispatcher's host: :func:`h3flow.ops.remote.run_lister`)."""
+    return list_runs_in(Path(config.runs_dir), limit)
+
+
+def list_runs_in(root: Path, limit: int | None = 20) -> list[RunSummary]:
+    """The runs under ``root``, most recently changed first (at most ``limit``; None: all).
 
     Only the manifests listed are read; one that cannot be read is listed as "unreadable".
     """
-    root = Path(config.runs_dir)
     found = [(path.stat().st_mtime, path.parent.name) for path in root.glob("*/manifest.json")] if root.is_dir() else []
     out: list[RunSummary] = []
     for _, run_id in sorted(found, reverse=True)[:limit]:
