@@ -456,5 +456,5 @@ def test_images_are_staged_and_run_state_is_read_through_the_hosts_agents(config
     assert manifest_reader(cfg)("run-1").model_dump() == manifest.model_dump()
     (listed,) = run_lister(cfg)(5)
     assert (listed.run_id, listed.state, listed.clips) == ("run-1", "completed", 1)
-    with pytest.raises(H3FlowError, match="host host-a .*unknown run id .run-1x."):
+    with pytest.raises(H3FlowError, match=r"host host-a .*unknown run id .run-1x."):
         manifest_reader(cfg)("run-1x")
