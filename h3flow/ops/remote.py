@@ -163,6 +163,7 @@ def image_stager(config: LocalConfig) -> Stager:
             if clip.image_sha256
         }
         encoders = {config.pool(p.encoder_pool or p.name).host for p in config.samplers}
+        encoders |= {p.host for p in config.samplers}  # a borrower's encode stage runs on its own host
         for host in sorted(encoders):
             with connected(config, host) as runner:
                 runner.agent(

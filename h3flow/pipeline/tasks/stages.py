@@ -137,8 +137,10 @@ def encode(
     config = config_at(config_path)
     encoder = config.pool(config.pool(pool).encoder_pool or pool)
     started = time.time()
-    storage = config.hosts[encoder.host].storage
-    clip_ = image_on_this_host(Clip.model_validate(clip), Path(storage.root), encoder.host)
+    # this process runs on the sampler pool's host (the encoder pool's, or its own when it
+    # borrows one): `run` stages the images to both
+    here = config.pool(pool).host
+    clip_ = image_on_this_host(Clip.model_validate(clip), Path(config.hosts[here].storage.root), here)
     directory = Path(config.hosts[encoder.host].storage.conditioning)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".tmp-{clip_.id}-{uuid.uuid4().hex}.safetensors"
