@@ -13,6 +13,11 @@ half-made), with scram-sha-256 password authentication for TCP clients. An exist
 data directory is left alone. PostgreSQL refuses to run as root, so when this runs as
 root the data directory belongs to ``--os-user`` and ``initdb`` runs as that user.
 
+Before every start it also clears a lock left by a killed postmaster that nobody reaped
+(:func:`release_dead_lock`): PostgreSQL itself replaces a lock whose process is gone, but
+a zombie still "exists", and in a container whose PID 1 does not reap orphans it exists
+until the container ends.
+
 :func:`probe_postgres` is the health check: PostgreSQL's answer to a startup message
 (protocol 3.0) is an authentication request once it accepts connections, an error
 ("the database system is starting up") before. No password is needed for that.
@@ -28,6 +33,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HBA_REMOTE = "\n# h3flow: the cluster's hosts, with the password\nhost all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n"
@@ -115,6 +121,55 @@ def init_data_dir(data: Path, user: str, database: str, password: str, os_user: 
     return True
 
 
+def _pid_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (``Z`` for a zombie), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _attached(shmid: int) -> int | None:
+    """How many processes are attached to System V segment ``shmid`` (None: no such segment)."""
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except FileNotFoundError:
+        return None
+    for row in rows:
+        fields = row.split()  # key shmid perms size cpid lpid nattch ...
+        if int(fields[1]) == shmid:
+            return int(fields[6])
+    return None
+
+
+def release_dead_lock(data: Path, wait: float = 30.0, poll: float = 0.2) -> bool:
+    """Remove ``data/postmaster.pid`` when its postmaster is a zombie and no old backend is
+    still attached to its shared memory (True); leave every other lock to PostgreSQL.
+
+    Backends notice their postmaster's death and exit within a moment; this waits up to
+    ``wait`` seconds for the last one, the same interlock PostgreSQL checks itself."""
+    lock = data / "postmaster.pid"
+    try:
+        lines = lock.read_text().splitlines()
+        pid = int(lines[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return False
+    if _pid_state(pid) != "Z":
+        return False  # alive (PostgreSQL refuses, rightly) or gone (PostgreSQL replaces the lock)
+    shmid = int(lines[6].split()[1]) if len(lines) > 6 and len(lines[6].split()) == 2 else None
+    deadline = time.monotonic() + wait
+    while shmid is not None and (_attached(shmid) or 0) > 0:
+        if time.monotonic() >= deadline:
+            raise PostgresSetupError(
+                f"the killed postmaster {pid}'s backends still hold its shared memory (segment {shmid}) "
+                f"after {wait:.0f} s: end them (`ps -u postgres`), then start again"
+            )
+        time.sleep(poll)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def _run(argv: list[str], what: str, owner: tuple[int, int] | None, stdin: str | None = None) -> None:
     uid, gid = owner or (None, None)
     done = subprocess.run(
@@ -163,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if not password:
             raise PostgresSetupError(f"the database password ({args.password_file or args.password_env}) is empty")
         made = init_data_dir(args.data, args.user, args.database, password, args.os_user)
+        if release_dead_lock(args.data):
+            print(f"removed {args.data / 'postmaster.pid'}: its postmaster was killed (a zombie nobody reaped)")
     except (PostgresSetupError, OSError) as exc:
         print(f"postgres setup: {exc}", file=sys.stderr)
         return 2
