@@ -22,9 +22,10 @@ reference-model clips through it:
      the dispatcher's own API time per clip.
 
 Scales: ``tiny`` is the demo's clips (sub-second stages: orchestration dominates);
-``production`` gives each sample >= 15 s of real reference-model compute (SD, more
-``production`` gives each sample >= 15 s of the real cluster where a clip samples for
-77-235 s. Load averages are printed: on a busy machine every figure is worse.
+``production`` is HD clips at 24 steps, about 15 s of real reference-model compute per
+sample on a 2-core CPU: stages long next to Prefect's overheads, as on the real cluster
+where a clip samples for 77-235 s. Load averages are printed: on a busy machine every
+figure is worse.
 """
 
 from __future__ import annotations

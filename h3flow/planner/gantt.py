@@ -10,6 +10,7 @@ axis. matplotlib is imported here only, so planning without a chart never loads 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from h3flow.core.fsutil import atomic_writer
 from h3flow.planner.resources import Resources
@@ -117,6 +118,16 @@ def _colours(plt, clips: list[str]) -> dict:
     return {c: cmap(i % cmap.N) for i, c in enumerate(clips)}
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (no display on a server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    return plt
+
+
 def _save(fig, plt, path: Path) -> Path:
     fig.tight_layout(rect=(0, 0, 0.845, 1))
     with atomic_writer(Path(path), "wb") as handle:
@@ -133,11 +144,7 @@ def draw(
     lower_bound: float | None = None,
 ) -> Path:
     """Write ``schedule`` as a PNG to ``path`` (atomically) and return the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
+    plt = _pyplot()
     lanes = _lanes(resources)
     colour = _colours(plt, schedule.clips)
     span = schedule.makespan or 1.0
@@ -159,11 +166,7 @@ def draw_comparison(
     lower_bound: float | None = None,
 ) -> Path:
     """The design's round-robin above the chosen schedule, on one time axis (PNG, atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
+    plt = _pyplot()
     lanes = _lanes(resources)
     colour = _colours(plt, chosen.clips)
     span = max(design.makespan, chosen.makespan) or 1.0
