@@ -84,7 +84,7 @@ def batch_file(folder: Path, scale: Scale, n: int, seed: int) -> Path:
     clips = [
         {
             "id": f"{scale.name[:4]}-{seed}-{i:02d}",
-            "prompt": PROMPTS[i % len(PROMPTS)],
+            "prompt": f"{PROMPTS[i % len(PROMPTS)]}, take {seed + i}",  # every clip encodes: no cache hits
             "image": str(IMAGES[i % len(IMAGES)]),
             "spec": scale.spec,
             "seconds": 5,

@@ -83,6 +83,13 @@ def test_a_clip_that_was_not_yet_waiting_leaves_no_pool_gap_and_cached_stages_me
     assert times.work[("a1", "sample", "sd")] == [] and times.work[("a1", "encode", "sd")] == [10.0]
 
 
+def test_the_first_start_is_the_first_stage_that_ran_when_encodes_were_cached() -> None:
+    manifest = run()
+    for rec in manifest.clips.values():  # the prompts were encoded by an earlier run
+        rec.stages["encode"] = rec.stages["encode"].model_copy(update={"cached": True, "started": 20.0})
+    assert measure(manifest, CONFIG).first_start == pytest.approx(20.0)  # c0's offload at 120, not the cache's 20
+
+
 def test_the_fit_keeps_pure_work_and_orchestration_apart() -> None:
     raw, notes = fit(CONFIG, [run()])
     profile = parse_profile(raw)

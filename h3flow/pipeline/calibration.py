@@ -39,7 +39,7 @@ class RunTimes:
     work: Work = field(default_factory=lambda: defaultdict(list))
     pool_gaps: list[float] = field(default_factory=list)  # a pool idle while its next clip was waiting
     decode_latencies: list[float] = field(default_factory=list)  # latent verified -> decode starts (decoder idle)
-    first_start: float | None = None  # batch submitted -> first encode starts
+    first_start: float | None = None  # batch submitted -> the first stage that runs starts
     executed: float | None = None  # batch submitted -> last clip delivered (the dispatcher's clock)
     api_s_per_clip: float | None = None  # the dispatcher's own API work per clip
 
@@ -105,9 +105,9 @@ def measure(manifest: Manifest, config: LocalConfig) -> RunTimes:
         for arrived, start, end in runs:
             out.decode_latencies.append(max(start - max(arrived, free), 0.0))
             free = end
-    encodes = [s.started for rec in done if (s := _executed(rec, "encode")) and s.started is not None]
-    if manifest.submitted is not None and encodes:
-        out.first_start = max(min(encodes) - manifest.submitted, 0.0)
+    starts = [s.started for rec in done for name in rec.stages if (s := _executed(rec, name)) and s.started]
+    if manifest.submitted is not None and starts:  # the first stage that ran (an encode, or a sample when cached)
+        out.first_start = max(min(starts) - manifest.submitted, 0.0)
     delivered = [rec.timeline["delivered"] for rec in done if "delivered" in rec.timeline]
     if manifest.submitted is not None and delivered and len(done) == len(manifest.clips):
         out.executed = max(delivered) - manifest.submitted

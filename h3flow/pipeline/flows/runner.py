@@ -30,8 +30,8 @@ from h3flow.pipeline.dispatcher import API_GIVE_UP_S
 from h3flow.pipeline.flows.clip import config_path_or_env, decode_clip, sample_clip
 from h3flow.pipeline.prefect_api import UNAVAILABLE
 
-POLL = 0.2  # seconds between looks for a queued clip while the pool has room
-BATCH_CHECK_S = 2.0  # how often the runner asks whether its batch run is still going
+POLL = 1.0  # seconds between looks for a queued clip while the pool has room (see docs/pipeline.md)
+BATCH_CHECK_S = 5.0  # how often the runner asks whether its batch run is still going
 
 
 @flow(name="pool-runner", log_prints=True)
