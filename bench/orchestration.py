@@ -51,7 +51,7 @@ from rich.table import Table
 
 from h3flow.cli.config import render
 from h3flow.config.adapt import adapt, local_host_map
-from h3flow.config.models import LocalConfig
+from h3flow.config.models import DATABASES, LocalConfig
 from h3flow.core.fsutil import atomic_write_json
 from h3flow.ops.lifecycle import start_services, stop_services
 from h3flow.pipeline.calibration import RunTimes, fit, measure
@@ -131,6 +131,7 @@ def figures(scale: Scale, config: LocalConfig, calibration: Manifest, manifest: 
     samples = [s for (_, stage, _), secs in times.work.items() if stage == "sample" for s in secs]
     return {
         "scale": scale.name,
+        "database": config.prefect.database.kind if config.prefect.database else "sqlite",
         "spec": scale.spec,
         "steps": scale.steps,
         "clips": len(manifest.clips),
@@ -187,10 +188,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object per measured batch")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--figures", type=Path, default=None, help="copy each measured run's executed Gantt here")
+    parser.add_argument("--database", choices=DATABASES, default="sqlite", help="the Prefect server's database")
     args = parser.parse_args()
     console = Console(highlight=False, stderr=args.json)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="h3flow-bench-"))
-    config = adapt(local_host_map(workdir, base_port=random.randint(30000, 50000)), work_dir=str(workdir.resolve()))
+    workdir.chmod(0o755)  # PostgreSQL runs as its own user when this runs as root: it must pass through
+    hm = local_host_map(workdir, base_port=random.randint(30000, 50000), database=args.database)
+    config = adapt(hm, work_dir=str(workdir.resolve()))
     config_path = workdir / "local.json"
     atomic_write_json(config_path, render(config))
     t0 = time.monotonic()

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console
 
 from h3flow.config.adapt import adapt, local_host_map, render
-from h3flow.config.models import Database, LocalConfig, SecretSource
+from h3flow.config.models import DatabaseKind, LocalConfig
 from h3flow.core.fsutil import atomic_write_json
 from h3flow.ops.lifecycle import start_services, stop_services
 from h3flow.ops.services import LocalRunner, service_dir, worker_spec
@@ -51,15 +51,10 @@ SINK_POOL = "bench-sink"  # created runs land here; no worker serves it
 EXTRA_POOL = "bench-extra"  # the fifth polling worker
 
 
-def make_config(root: Path, database: str) -> tuple[LocalConfig, Path]:
+def make_config(root: Path, database: DatabaseKind) -> tuple[LocalConfig, Path]:
     workdir = root / database
     workdir.mkdir(parents=True)
-    hm = local_host_map(workdir, base_port=random.randint(30000, 50000))
-    if database == "postgresql":
-        port = random.randint(50001, 60000)
-        password = SecretSource(source="file", name="pg", path=str(workdir / "secrets" / "postgres.password"))
-        db = Database(kind="postgresql", port=port, password=password)
-        hm = hm.model_copy(update={"prefect": hm.prefect.model_copy(update={"database": db})})
+    hm = local_host_map(workdir, base_port=random.randint(30000, 50000), database=database)
     config = adapt(hm, work_dir=str(workdir.resolve()))
     path = workdir / "local.json"
     atomic_write_json(path, render(config))

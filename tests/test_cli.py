@@ -392,3 +392,14 @@ def test_store_verify_json(tmp_path: Path) -> None:
         {"object": ref.path.name, "problem": f"bytes hash to {sha256_bytes(b'damaged')}"}
     ]
     assert error.startswith("1 of 1 objects")
+
+
+def test_database_choice_goes_with_local_only(tmp_path: Path) -> None:
+    out = tmp_path / "local.json"
+    bad = runner.invoke(app, ["config-adapt", "--local", "--database", "mysql", "-o", str(out)])
+    assert bad.exit_code == 2 and bad.output.strip() == "error: --database 'mysql': choose one of sqlite, postgresql"
+    host_map = runner.invoke(app, ["config-adapt", str(ROOT / "examples" / "host-map.example.json"), "--database", "postgresql", "-o", str(out)])  # fmt: skip
+    assert host_map.exit_code == 2 and "--database goes with --local" in host_map.output and not out.exists()
+    ok = runner.invoke(app, ["config-adapt", "--local", "--database", "postgresql", "--workdir", str(tmp_path / "wd"), "-o", str(out)])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(out.read_text())["prefect"]["database"]["kind"] == "postgresql"

@@ -134,6 +134,19 @@ def test_local_skips_ports_in_use(tmp_path: Path) -> None:
         assert all(h.comfy_port != port for h in hm.hosts) and hm.transfer.port != port
 
 
+def test_local_on_postgresql_gets_its_own_port_and_password_file(tmp_path: Path) -> None:
+    config = adapt(local_host_map(tmp_path, base_port=24100, database="postgresql"), work_dir=str(tmp_path))
+    database = config.prefect.database
+    assert database is not None and database.kind == "postgresql" and config.prefect.auth is None
+    assert database.password is not None and database.password.path == str(
+        tmp_path.resolve() / "secrets" / "postgres.password"
+    )
+    others = {config.prefect.api_url.rsplit(":", 1)[1].split("/")[0], str(config.transfer.port)}
+    assert str(database.port) not in others
+    sqlite = adapt(local_host_map(tmp_path, base_port=24100), work_dir=str(tmp_path)).prefect.database
+    assert sqlite is not None and sqlite.kind == "sqlite"
+
+
 # --------------------------------------------------------------------------- bad input
 def mutate(fn) -> dict:
     data = example()

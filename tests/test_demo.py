@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import av
@@ -16,11 +18,16 @@ from cluster import write_batch
 pytestmark = pytest.mark.prefect
 
 
-def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path, database: str) -> None:
+    if database == "postgresql" and not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        pytest.skip("Debian's postgresql is not installed (scripts/install-system-deps.sh)")
     batch = write_batch(
         tmp_path / "mini.json", [{"id": "m0", "seed": 1}, {"id": "m1", "seed": 2, "prompt": "fast zoom in"}]
     )
-    workdir = tmp_path / "wd"
+    root = Path(tempfile.mkdtemp(prefix="h3demo-"))  # PostgreSQL runs as its own user: it must pass through
+    root.chmod(0o755)
+    workdir = root / "wd"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "COLUMNS")}  # a log: 80 columns
     res = subprocess.run(
         [
@@ -32,6 +39,8 @@ def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -
             str(batch),
             "--base-port",
             str(random.randint(30000, 50000)),
+            "--database",
+            database,
         ],
         capture_output=True,
         text=True,
@@ -53,3 +62,5 @@ def test_demo_runs_the_embedded_default_and_stops_its_services(tmp_path: Path) -
     # the services were stopped, by PID: their PID files are gone
     assert (workdir / "services").is_dir() and not list((workdir / "services").glob("*.pid"))
     assert "stopped" in res.stdout
+    assert ("postgres" in res.stdout) == (database == "postgresql")  # its own service, started and stopped
+    shutil.rmtree(root, ignore_errors=True)

@@ -10,7 +10,7 @@ import typer
 
 from h3flow.cli.base import SET_UP, app, console, operator_command
 from h3flow.config.adapt import adapt, local_host_map, render
-from h3flow.config.models import ENGINES, load_host_map
+from h3flow.config.models import DATABASES, ENGINES, load_host_map
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import atomic_write_json
 
@@ -44,19 +44,24 @@ def run_config_adapt(
     workdir: Path,
     base_port: int,
     engine: str | None = None,
+    database: str | None = None,
 ) -> None:
     if engine is not None and engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if database is not None and database not in DATABASES:
+        raise ConfigError(f"--database {database!r}: choose one of {', '.join(DATABASES)}")
     if local:
         if host_map is not None:
             raise ConfigError("give either a host map or --local, not both")
-        hm = local_host_map(workdir, base_port, engine=engine or "local")
+        hm = local_host_map(workdir, base_port, engine=engine or "local", database=database or "sqlite")
         config = adapt(hm, topology, work_dir=str(workdir.resolve()))
     else:
         if host_map is None:
             raise ConfigError("missing host map: h3flow config-adapt host-map.json (or --local)")
         if engine is not None:
             raise ConfigError('--engine goes with --local; a host map sets its own "engine"')
+        if database is not None:
+            raise ConfigError('--database goes with --local; a host map sets its own "prefect.database"')
         config = adapt(load_host_map(host_map), topology)
     fresh = render(config)
     if output.is_dir():
@@ -106,6 +111,10 @@ def config_adapt(
         Optional[str],
         typer.Option(help="--local: run the stages in-process (local) or in one local ComfyUI per pool (comfy)."),
     ] = None,
+    database: Annotated[
+        Optional[str],
+        typer.Option(help="--local: the Prefect server's database, sqlite (default) or postgresql (Debian's, faster)."),
+    ] = None,
 ) -> None:
     """Step 2: validate host-map.json and resolve it into local.json."""
-    run_config_adapt(host_map, output, topology, check, local, workdir, base_port, engine)
+    run_config_adapt(host_map, output, topology, check, local, workdir, base_port, engine, database)

@@ -29,25 +29,40 @@ def default_workdir(engine: str) -> Path:
     return Path(".h3flow") if engine == "local" else Path(f".h3flow-{engine}")
 
 
-def ensure_local_config(workdir: Path, base_port: int, engine: str = "local") -> Path:
+def ensure_local_config(workdir: Path, base_port: int, engine: str = "local", database: str | None = None) -> Path:
     """Reuse the work dir's local.json while its services may be running; else write a fresh one."""
     from h3flow.config.adapt import adapt, local_host_map, render
-    from h3flow.config.models import ENGINES, load_local_config
+    from h3flow.config.models import DATABASES, ENGINES, load_local_config
     from h3flow.core.fsutil import atomic_write_json
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if database is not None and database not in DATABASES:
+        raise ConfigError(f"--database {database!r}: choose one of {', '.join(DATABASES)}")
     path = workdir / "local.json"
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
-        hm = local_host_map(workdir, base_port, engine=engine)
+        hm = local_host_map(workdir, base_port, engine=engine, database=database or "sqlite")
         atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))), private=True)
-    elif (have := load_local_config(path).engine) != engine:
-        raise ConfigError(f"{path} runs engine {have!r}, not {engine!r}: give another --workdir")
+        return path
+    config = load_local_config(path)
+    if config.engine != engine:
+        raise ConfigError(f"{path} runs engine {config.engine!r}, not {engine!r}: give another --workdir")
+    have = config.prefect.database.kind if config.prefect.database else "sqlite"
+    if database is not None and have != database:
+        raise ConfigError(f"{path} keeps Prefect's database in {have}, not {database}: give another --workdir")
     return path
 
 
-def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH, *, engine: str = "local") -> int:
+def run_demo(
+    workdir: Path,
+    keep: bool,
+    base_port: int,
+    batch: Path = DEMO_BATCH,
+    *,
+    engine: str = "local",
+    database: str | None = None,
+) -> int:
     from h3flow.cli.runs import finish, print_status, wait_for
     from h3flow.config.models import load_local_config
     from h3flow.ops.lifecycle import start_services, stop_services
@@ -56,7 +71,7 @@ def run_demo(workdir: Path, keep: bool, base_port: int, batch: Path = DEMO_BATCH
 
     if not batch.exists():
         raise ConfigError(f"demo batch {batch} is missing")
-    config_path = ensure_local_config(workdir, base_port, engine)
+    config_path = ensure_local_config(workdir, base_port, engine, database)
     config = load_local_config(config_path)
     t0 = time.monotonic()
     start_services(config, config_path, console=console)
@@ -102,6 +117,11 @@ def demo(
     engine: Annotated[
         str, typer.Option(help="local: stages in-process; comfy: in one local ComfyUI per pool.")
     ] = "local",
+    database: Annotated[
+        Optional[str],
+        typer.Option(help="The Prefect server's database: sqlite (default) or postgresql (Debian's, faster)."),
+    ] = None,
 ) -> None:
     """The embedded default end to end: local Prefect server, 6 clips, reference model, real MP4s."""
-    raise typer.Exit(run_demo(workdir or default_workdir(engine), keep, base_port, batch or DEMO_BATCH, engine=engine))
+    workdir = workdir or default_workdir(engine)
+    raise typer.Exit(run_demo(workdir, keep, base_port, batch or DEMO_BATCH, engine=engine, database=database))

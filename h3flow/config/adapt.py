@@ -11,6 +11,7 @@ from pathlib import Path
 from h3flow.config.encoders import assign_encoders
 from h3flow.config.models import (
     Database,
+    DatabaseKind,
     EngineName,
     Gpu,
     Host,
@@ -275,14 +276,21 @@ def free_port_block(base: int, count: int) -> int:
 
 
 def local_host_map(
-    work_dir: Path, base_port: int = 14200, venv: str | None = None, engine: EngineName = "local"
+    work_dir: Path,
+    base_port: int = 14200,
+    venv: str | None = None,
+    engine: EngineName = "local",
+    database: DatabaseKind = "sqlite",
 ) -> HostMap:
     """The embedded default: every host is this machine, on loopback, under ``work_dir``.
 
     Host A has two CPU "devices" (two degree-1 sampler pools, like four_four_plus_one
     in miniature); host B decodes. The reference model stands in for H3: in-process
     (``engine="local"``) or in one real local ComfyUI per pool (``"comfy"``, on the
-    pool's comfy_port; `h3flow start --local` installs and starts them).
+    pool's comfy_port; `h3flow start --local` installs and starts them). The Prefect
+    server keeps SQLite (nothing to install), or ``database="postgresql"``: Debian's
+    PostgreSQL run by ``start`` as on a cluster, which answers a busy batch's API calls
+    several times faster (docs/pipeline.md, "Where the time goes").
     """
     import sys
 
@@ -312,6 +320,7 @@ def local_host_map(
         prefect=PrefectSettings(
             api_url=f"http://127.0.0.1:{prefect_port}/api",
             schedule=Schedule(cron="0 3 * * *", timezone="UTC", inbox=str(wd / "inbox")),
+            database=_local_database(wd, first + 5) if database == "postgresql" else None,
         ),
         model=Model(
             kind="reference",
@@ -334,6 +343,12 @@ def local_host_map(
         ),
         runs_dir=str(wd / "runs"),
     )
+
+
+def _local_database(work_dir: Path, base_port: int) -> Database:
+    """PostgreSQL for the embedded default: a free loopback port, its password in the work dir's secrets."""
+    password = SecretSource(source="file", name="postgres", path=str(work_dir / "secrets" / DB_PASSWORD_FILE))
+    return Database(kind="postgresql", port=free_port_block(base_port, 1), password=password)
 
 
 def host_map_of(config: LocalConfig) -> HostMap:

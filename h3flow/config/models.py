@@ -26,6 +26,8 @@ NAME = r"^[a-z][a-z0-9-]{0,31}$"
 Role = Literal["encode", "sample", "decode"]
 EngineName = Literal["comfy", "local"]
 ENGINES: tuple[EngineName, ...] = ("local", "comfy")
+DatabaseKind = Literal["sqlite", "postgresql"]
+DATABASES: tuple[DatabaseKind, ...] = ("sqlite", "postgresql")
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -203,7 +205,7 @@ class Database(Strict):
     """The Prefect server's database: SQLite under PREFECT_HOME (the embedded default) or a
     PostgreSQL server that ``h3flow start`` runs beside the Prefect server (the cluster)."""
 
-    kind: Literal["sqlite", "postgresql"] = "postgresql"
+    kind: DatabaseKind = "postgresql"
     port: Port = 5432
     name: str = Field("prefect", pattern=NAME)
     user: str = Field("prefect", pattern=NAME)
