@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar, cast
 
 import typer
 from rich import box
@@ -22,6 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from h3flow.core.errors import ConfigError, H3FlowError
+
+if TYPE_CHECKING:
+    from h3flow.config.models import DatabaseKind, EngineName
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,6 +134,16 @@ CONFIG_FILES = (Path("local.json"), Path(".h3flow") / "local.json")  # ./local.j
 CONFIG_HELP = f"local.json from config-adapt (default: ${CONFIG_ENV}, else ./local.json, else ./.h3flow/local.json)."
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help=CONFIG_HELP, show_default=False)]
+
+
+def local_choices(engine: str | None, database: str | None) -> tuple[EngineName | None, DatabaseKind | None]:
+    """The embedded default's --engine and --database, checked: an unknown one is one line naming the choices."""
+    from h3flow.config.models import DATABASES, ENGINES
+
+    for flag, value, choices in (("engine", engine, ENGINES), ("database", database, DATABASES)):
+        if value is not None and value not in choices:
+            raise ConfigError(f"--{flag} {value!r}: choose one of {', '.join(choices)}")
+    return cast("EngineName | None", engine), cast("DatabaseKind | None", database)
 
 
 def find_config(given: Path | None) -> Path | None:

@@ -8,9 +8,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from h3flow.cli.base import SET_UP, app, console, operator_command
+from h3flow.cli.base import SET_UP, app, console, local_choices, operator_command
 from h3flow.config.adapt import adapt, local_host_map, render
-from h3flow.config.models import DATABASES, ENGINES, load_host_map
+from h3flow.config.models import load_host_map
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import atomic_write_json
 
@@ -46,14 +46,11 @@ def run_config_adapt(
     engine: str | None = None,
     database: str | None = None,
 ) -> None:
-    if engine is not None and engine not in ENGINES:
-        raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if database is not None and database not in DATABASES:
-        raise ConfigError(f"--database {database!r}: choose one of {', '.join(DATABASES)}")
+    engine_, database_ = local_choices(engine, database)
     if local:
         if host_map is not None:
             raise ConfigError("give either a host map or --local, not both")
-        hm = local_host_map(workdir, base_port, engine=engine or "local", database=database or "sqlite")
+        hm = local_host_map(workdir, base_port, engine=engine_ or "local", database=database_ or "sqlite")
         config = adapt(hm, topology, work_dir=str(workdir.resolve()))
     else:
         if host_map is None:

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from h3flow.cli.base import TRY_IT, app, console, operator_command
+from h3flow.cli.base import TRY_IT, app, console, local_choices, operator_command
 from h3flow.core.errors import ConfigError
 from h3flow.core.paths import EXAMPLES_DIR
 
@@ -32,17 +32,14 @@ def default_workdir(engine: str) -> Path:
 def ensure_local_config(workdir: Path, base_port: int, engine: str = "local", database: str | None = None) -> Path:
     """Reuse the work dir's local.json while its services may be running; else write a fresh one."""
     from h3flow.config.adapt import adapt, local_host_map, render
-    from h3flow.config.models import DATABASES, ENGINES, load_local_config
+    from h3flow.config.models import load_local_config
     from h3flow.core.fsutil import atomic_write_json
 
-    if engine not in ENGINES:
-        raise ConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if database is not None and database not in DATABASES:
-        raise ConfigError(f"--database {database!r}: choose one of {', '.join(DATABASES)}")
+    engine_, database_ = local_choices(engine, database)
     path = workdir / "local.json"
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
-        hm = local_host_map(workdir, base_port, engine=engine, database=database or "sqlite")
+        hm = local_host_map(workdir, base_port, engine=engine_ or "local", database=database_ or "sqlite")
         atomic_write_json(path, render(adapt(hm, work_dir=str(workdir.resolve()))), private=True)
         return path
     config = load_local_config(path)

@@ -165,7 +165,7 @@ def release_dead_lock(data: Path, wait: float = 30.0, poll: float = 0.2) -> bool
                 f"the killed postmaster {pid}'s backends still hold its shared memory (segment {shmid}) "
                 f"after {wait:.0f} s: end them (`ps -u postgres`), then start again"
             )
-        time.sleep(poll)
+        time.sleep(poll)  # another process's exit, which sends us nothing to wait on: poll, with a deadline
     lock.unlink(missing_ok=True)
     return True
 
