@@ -8,17 +8,15 @@ named after the run, children tagged ``h3flow-run:<id>`` and named ``<clip>·<st
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
 import pytest
-from cluster import quiet  # tests/ is on sys.path (rootdir conftest)
+from conftest import PrefectServer  # tests/ is on sys.path (rootdir conftest)
 from test_cli import make_config, make_run, runner
 
 from h3flow.cli import app
-from h3flow.config.models import LocalConfig, load_local_config
+from h3flow.config.models import load_local_config
 from h3flow.core.contracts import run_tag
 from h3flow.pipeline.manifest import load_manifest, save_manifest
 from h3flow.pipeline.prefect_api import api_client
@@ -28,32 +26,7 @@ pytestmark = pytest.mark.prefect
 CLIPS = ["lake-sunrise-wide-0001", "lake-sunrise-wide-0002", "mountain-pass-at-dusk-with-fog-03"]
 
 
-@dataclass
-class Server:
-    config_path: Path
-
-    @property
-    def config(self) -> LocalConfig:
-        return load_local_config(self.config_path)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from h3flow.ops.lifecycle import bring_down, bring_up, runners
-    from h3flow.ops.services import service_specs
-
-    path = make_config(tmp_path_factory.mktemp("prefect") / "wd")
-    config = load_local_config(path)
-    specs = [s for s in service_specs(config, path) if s.kind == "prefect-server"]
-    with runners(config) as runner_for:
-        bring_up(specs, runner_for, timeout=180, console=quiet)
-        try:
-            yield Server(path)
-        finally:
-            bring_down(specs, runner_for, console=quiet)
-
-
-def make_flow_runs(server: Server, run_id: str) -> dict[str, str]:
+def make_flow_runs(prefect_server: PrefectServer, run_id: str) -> dict[str, str]:
     """The batch run (running, two log lines) and three children: running, scheduled, completed."""
     from prefect import flow
     from prefect.client.schemas.actions import LogCreate
@@ -62,7 +35,7 @@ def make_flow_runs(server: Server, run_id: str) -> dict[str, str]:
     batch_flow = flow(name="batch")(lambda: None)  # stand-ins: only their names reach the server
     child_flow = flow(name="sample-clip")(lambda: None)
     ids: dict[str, str] = {}
-    with api_client(server.config) as client:
+    with api_client(prefect_server.config) as client:
         batch = client.create_flow_run(batch_flow, name=run_id, state=Running())
         ids["batch"] = str(batch.id)
         children = [
@@ -88,9 +61,9 @@ def make_flow_runs(server: Server, run_id: str) -> dict[str, str]:
                 for i, (fid, message) in enumerate(lines)
             ]
         )
-    manifest = load_manifest(server.config.runs_dir, run_id)  # the dispatcher records its own flow run
+    manifest = load_manifest(prefect_server.config.runs_dir, run_id)  # the dispatcher records its own flow run
     manifest.flow_run_ids = [ids["batch"]]
-    save_manifest(server.config.runs_dir, manifest)
+    save_manifest(prefect_server.config.runs_dir, manifest)
     return ids
 
 
@@ -100,47 +73,47 @@ def _ts(i: int):
     return datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=i)
 
 
-def test_status_shows_each_clips_ui_link(server: Server) -> None:
-    run_id = make_run(server.config_path, "links-20250101-000000-0001", CLIPS)
-    ids = make_flow_runs(server, run_id)
-    ui = server.config.prefect.api_url.removesuffix("/api")
-    res = runner.invoke(app, ["status", run_id, "-c", str(server.config_path), "--json"])
+def test_status_shows_each_clips_ui_link(prefect_server: PrefectServer) -> None:
+    run_id = make_run(prefect_server.config_path, "links-20250101-000000-0001", CLIPS)
+    ids = make_flow_runs(prefect_server, run_id)
+    ui = prefect_server.config.prefect.api_url.removesuffix("/api")
+    res = runner.invoke(app, ["status", run_id, "-c", str(prefect_server.config_path), "--json"])
     assert res.exit_code == 0, res.output
     prefect = json.loads(res.output)["prefect"]
     assert [r["link"] for r in prefect["batch"]] == [f"{ui}/runs/flow-run/{ids['batch']}"]
     for clip in CLIPS:
         assert [r["link"] for r in prefect[clip]] == [f"{ui}/runs/flow-run/{ids[clip]}"]
     assert prefect[CLIPS[1]][0]["stage"] == "sample" and prefect[CLIPS[2]][0]["state"] == "COMPLETED"
-    res = runner.invoke(app, ["status", run_id, "-c", str(server.config_path)])
+    res = runner.invoke(app, ["status", run_id, "-c", str(prefect_server.config_path)])
     assert res.exit_code == 0
     for clip in CLIPS:
         assert f"{ui}/runs/flow-run/{ids[clip]}\n" in res.output  # one line each, whole
     assert ids["other"] not in res.output
 
 
-def test_logs_of_the_batch_run_and_of_one_clip(server: Server) -> None:
-    run_id = make_run(server.config_path, "logs-20250101-000000-0001", CLIPS)
-    make_flow_runs(server, run_id)
-    res = runner.invoke(app, ["logs", run_id, "-c", str(server.config_path)])
+def test_logs_of_the_batch_run_and_of_one_clip(prefect_server: PrefectServer) -> None:
+    run_id = make_run(prefect_server.config_path, "logs-20250101-000000-0001", CLIPS)
+    make_flow_runs(prefect_server, run_id)
+    res = runner.invoke(app, ["logs", run_id, "-c", str(prefect_server.config_path)])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines() == [
         f"12:00:00.000 INFO    {run_id}: {CLIPS[0]}: routed to a0 [pool 1/2]",
         f"12:00:01.000 INFO    {run_id}: {CLIPS[2]}: failed: pattern '^[a-z]$'",
     ]
-    res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(server.config_path), "--json"])
+    res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(prefect_server.config_path), "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)["logs"]
     assert [(line["flow_run"], line["message"]) for line in got] == [(f"{CLIPS[0]}·sample·a0", "sampling 6 steps")]
-    res = runner.invoke(app, ["logs", run_id, "no-such-clip", "-c", str(server.config_path)])
+    res = runner.invoke(app, ["logs", run_id, "no-such-clip", "-c", str(prefect_server.config_path)])
     assert res.exit_code == 2 and "has no clip 'no-such-clip'" in res.output
 
 
-def test_cancel_cancels_the_batch_and_the_children_that_have_not_ended(server: Server) -> None:
+def test_cancel_cancels_the_batch_and_the_children_that_have_not_ended(prefect_server: PrefectServer) -> None:
     from prefect.client.schemas.objects import StateType
 
-    run_id = make_run(server.config_path, "cancel-20250101-000000-0001", CLIPS)
-    ids = make_flow_runs(server, run_id)
-    res = runner.invoke(app, ["cancel", run_id, "-c", str(server.config_path), "--json"])
+    run_id = make_run(prefect_server.config_path, "cancel-20250101-000000-0001", CLIPS)
+    ids = make_flow_runs(prefect_server, run_id)
+    res = runner.invoke(app, ["cancel", run_id, "-c", str(prefect_server.config_path), "--json"])
     assert res.exit_code == 0, res.output
     cancelled = {r["id"]: r["state"] for r in json.loads(res.output)["cancelled"]}
     assert cancelled == {
@@ -148,10 +121,10 @@ def test_cancel_cancels_the_batch_and_the_children_that_have_not_ended(server: S
         ids[CLIPS[0]]: "CANCELLING",
         ids[CLIPS[1]]: "CANCELLED",  # only scheduled: the server cancels it at once
     }
-    with api_client(server.config) as client:
+    with api_client(prefect_server.config) as client:
         states = {k: client.read_flow_run(UUID(v)).state_type for k, v in ids.items()}
     assert states[CLIPS[2]] == StateType.COMPLETED and states["other"] == StateType.PENDING  # left alone
-    res = runner.invoke(app, ["cancel", run_id, "-c", str(server.config_path)])
+    res = runner.invoke(app, ["cancel", run_id, "-c", str(prefect_server.config_path)])
     assert res.exit_code == 0 and "nothing to cancel" in res.output
 
 

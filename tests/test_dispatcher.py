@@ -117,6 +117,7 @@ class FakePrefect:
 
     def pause(self, seconds: float) -> None:
         self.t += seconds
+        assert self.t < 1000.0 + 3600, "the run never ended (an hour of simulated time)"
         self.advance()
 
     # -- the simulated pools
@@ -484,3 +485,72 @@ def test_an_api_gone_for_good_or_a_defect_fails_the_run_it_does_not_cancel_it(co
         Dispatcher(config, "/cfg", batch(2), api, saved).run()
     assert saved.snapshots[-1].state == "failed" and "ConnectError" in (saved.snapshots[-1].error or "")
     assert not api.cancelled, "children are left to finish: resume picks up their results"
+
+
+API_CALLS = ("submit", "states", "results", "task_tries", "worker_alive", "abandon", "cancel", "stop_runner")
+
+
+class OneCallFails(FakePrefect):
+    """The ``at``-th Prefect call fails as a restarting server makes it fail: refused before the
+    server acted, or (``answer_lost``) after it acted but before its answer arrived."""
+
+    def __init__(self, at: int, answer_lost: bool) -> None:
+        super().__init__()
+        self.at, self.answer_lost, self.calls = at, answer_lost, 0
+
+    def __getattribute__(self, name: str) -> Any:
+        method = super().__getattribute__(name)
+        if name not in API_CALLS:
+            return method
+
+        def call(*args: Any) -> Any:
+            import httpx
+
+            self.calls += 1
+            if self.calls != self.at:
+                return method(*args)
+            if self.answer_lost:
+                method(*args)
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+        return call
+
+
+def kill_a0_at_15s(api: FakePrefect) -> None:
+    original = api.advance
+
+    def advance() -> None:
+        if api.t >= 1015.0:
+            api.dead.add("a0")
+        original()
+
+    api.advance = advance  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("answer_lost", [False, True], ids=["refused", "answer-lost"])
+@pytest.mark.parametrize("a0_dies", [False, True], ids=["plain", "a0-dies"])
+def test_a_prefect_call_failing_at_any_point_of_a_run_loses_and_repeats_nothing(
+    config: LocalConfig, answer_lost: bool, a0_dies: bool
+) -> None:
+    """Every call of a whole run fails in turn (the server restarted at that moment): each run
+    still delivers every clip, with one completed sample and decode run per clip, nothing left
+    queued on a live pool, and one runner per live pool."""
+    clean = OneCallFails(at=0, answer_lost=False)
+    if a0_dies:
+        kill_a0_at_15s(clean)
+    dispatch(config, clean, batch(4))
+    assert clean.calls > 50
+    for at in range(1, clean.calls + 1):
+        api = OneCallFails(at, answer_lost)
+        if a0_dies:
+            kill_a0_at_15s(api)
+        result = dispatch(config, api, batch(4))
+        assert result.state == "completed" and len(result.delivered) == 4, (at, result.clips)
+        for clip in result.clips:
+            for kind in ("sample", "decode"):
+                done = [r for r in api.of(kind, clip) if r.state == "COMPLETED"]
+                assert len(done) == 1 and (a0_dies or len(api.of(kind, clip)) == 1), (at, clip, kind)
+        left = [r.name for r in api.runs.values() if r.state in ("SCHEDULED", "RUNNING") and r.pool not in api.dead]
+        assert not left or set(left) <= {r.name for r in api.of("pool-runner")}, (at, left)
+        runners = [r.pool for r in api.of("pool-runner") if r.pool not in api.dead]
+        assert sorted(runners) == ["a0", "a1", "b"][int(a0_dies) :], (at, runners)

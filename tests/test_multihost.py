@@ -137,6 +137,15 @@ class MultiHost:
             assert copies == [mp4], (clip, copies)
         return status
 
+    def diagnosis(self, run_id: str) -> str:
+        """What a failed fault test prints: the run's status, the batch run's log and each service's last lines."""
+        parts = [self.h3("status", run_id).stdout, self.h3("logs", run_id).stdout]
+        for service, host in WHERE.items():
+            log = self.seen_by(host, Path(self.config.hosts[host].storage.root) / "services" / f"{service}.log")
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else ["(no log)"]
+            parts.append(f"--- {service} on {host}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def auth(self) -> dict[str, str]:
         credential = Path(str(self.config.prefect.auth.path)).read_text().strip()  # type: ignore[union-attr]
         return {"Authorization": "Basic " + base64.b64encode(credential.encode()).decode()}
@@ -373,7 +382,9 @@ def _finish(mh: MultiHost, run_id: str, done: subprocess.CompletedProcess[str]) 
     """A run a fault ended: done, or failed clearly — then ``start`` and ``resume`` complete it."""
     if done.returncode == 0:
         return
-    assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, (
+        done.stdout + done.stderr + mh.diagnosis(run_id)
+    )
     again = mh.h3("start", timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
     resumed = mh.h3("resume", run_id, timeout=900)

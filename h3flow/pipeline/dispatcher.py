@@ -13,6 +13,12 @@ its pool is gone; a latent found damaged on the decoder (INTEGRITY) is sent agai
 Every other failure is final for this run (``resume`` tries again later). A clip's
 submissions of each stage are counted over all its children and capped at
 :data:`~h3flow.core.contracts.MAX_SUBMISSIONS`.
+
+The Prefect server can go away at any call (a restart, a dropped connection), either
+before it acted or after it acted but before its answer arrived. So each pass makes its
+calls first and changes its own state only after they answered, and a submission whose
+answer was lost is sent again verbatim — same idempotency key — so Prefect hands back the
+run it may already have created instead of making a second one.
 """
 
 from __future__ import annotations
@@ -63,6 +69,18 @@ class DispatchApi(Protocol):
     def stop_runner(self, run_id: str) -> None: ...
     def now(self) -> float: ...
     def pause(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One child flow run to create: kept until Prefect answers, so a retry is the same call."""
+
+    deployment: str
+    parameters: dict[str, Any]
+    key: str
+    name: str
+    tags: list[str]
+    work_queue: str | None = None
 
 
 @dataclass
@@ -163,6 +181,7 @@ class Dispatcher:
         self.runners: dict[str, str] = {}  # pool -> its pool-runner flow run
         self.runner_deaths: dict[str, int] = {}
         self.runner_serial = 0
+        self.unanswered: dict[str, tuple[Submission, str, str]] = {}  # clip -> (sample sent, pool, decoder)
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
         self.api_down_since: float | None = None
@@ -178,6 +197,11 @@ class Dispatcher:
             return call(*args)
         finally:
             self.manifest.dispatch_overhead_s += self.api.now() - tick
+
+    def send(self, submission: Submission) -> str:
+        """Create a child flow run (its answer may be lost: callers keep ``submission`` to send it again)."""
+        s = submission
+        return str(self.timed(self.api.submit, s.deployment, s.parameters, s.key, s.name, s.tags, s.work_queue))
 
     def in_flight(self, pool: str) -> int:
         return sum(1 for c in self.children.values() if c.pool == pool)
@@ -216,8 +240,11 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 self.beat()
             raise
-        for runner in self.runners.values():
-            self.api.stop_runner(runner)
+        for pool, runner in self.runners.items():
+            try:
+                self.api.stop_runner(runner)
+            except UNAVAILABLE as exc:  # it also stops by itself once it sees the batch run over
+                self.log(f"pool {pool}: could not tell its runner to stop ({type(exc).__name__}); it stops on its own")
         self.manifest.finished = self.api.now()
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
@@ -236,6 +263,10 @@ class Dispatcher:
             changed |= self.submit_samples()
             if changed or self.api.now() - (self.manifest.heartbeat or 0) >= HEARTBEAT_S:
                 self.beat()
+            if self.no_pool_left():
+                role = "decoder" if not self.live_pools("decode") else "sampler pool"
+                self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
+                return True
         except UNAVAILABLE as exc:
             now = self.api.now()
             if self.api_down_since is None:
@@ -247,13 +278,7 @@ class Dispatcher:
         if self.api_down_since is not None:
             self.log(f"Prefect API back after {self.api.now() - self.api_down_since:.0f} s")
             self.api_down_since = None
-        if not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values()):
-            return True
-        if self.no_pool_left():
-            role = "decoder" if not self.live_pools("decode") else "sampler pool"
-            self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
-            return True
-        return False
+        return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
 
     def beat(self) -> None:
         """Save the manifest, stamped: a save is also the dispatcher's heartbeat (resume reads it)."""
@@ -298,16 +323,16 @@ class Dispatcher:
                 self.log(f"pool {pool}: its runner died {deaths} times; the pool is out of this run")
                 changed = True
                 continue
-            self.runner_serial += 1
             params = {
                 "run_id": self.manifest.run_id,
                 "pool": pool,
                 "batch_flow_run_id": self.own_id,
                 "config_path": self.config_path,
             }
-            key = f"{self.manifest.run_id}-runner-{pool}-{self.incarnation}-{self.runner_serial}"
+            key = f"{self.manifest.run_id}-runner-{pool}-{self.incarnation}-{self.runner_serial + 1}"
             name = f"{self.manifest.run_id}/runner·{pool}"
-            self.runners[pool] = self.api.submit(f"pool-runner/{pool}", params, key, name, self.tags(pool))
+            self.runners[pool] = self.send(Submission(f"pool-runner/{pool}", params, key, name, self.tags(pool)))
+            self.runner_serial += 1
             changed = True
         return changed
 
@@ -324,26 +349,24 @@ class Dispatcher:
             if not free or not self.live_pools("decode"):
                 break
             now = self.api.now()
-            pool = self.choose(rec.clip, free, self.state, now)
-            if pool is None:
-                continue
-            decoder = self.pick_decoder()
+            sent = self.unanswered.get(rec.clip.id)
+            if sent is not None and sent[1] in pools and sent[2] in self.live_pools("decode"):
+                if sent[1] not in free:
+                    continue  # the run may exist in that pool's queue: wait for room there, never a second one
+                submission, pool, decoder = sent  # its answer was lost: the same call again
+            else:
+                chosen = self.choose(rec.clip, free, self.state, now)
+                if chosen is None:
+                    continue
+                pool, decoder = chosen, self.pick_decoder()
+                submission = self.sample_submission(rec, pool, decoder)
+                self.unanswered[rec.clip.id] = (submission, pool, decoder)
+            run_id = self.send(submission)
+            del self.unanswered[rec.clip.id]
             self.dirty.add(rec.clip.id)
             rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
             rec.attempts += 1
             rec.timeline["sample_submitted"] = now
-            params = {
-                "run_id": self.manifest.run_id,
-                "clip": rec.clip.model_dump(mode="json"),
-                "pool": pool,
-                "decoder": decoder,
-                "config_path": self.config_path,
-                "retransfer": rec.retransfer,
-                "budget": self.budget(rec, SAMPLE_STAGES),
-            }
-            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts}"
-            name = f"{self.manifest.run_id}/{rec.clip.id}·sample·{pool}"
-            run_id = self.timed(self.api.submit, f"sample-clip/{pool}", params, key, name, self.tags(pool), CLIPS_QUEUE)
             self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
             again = f" (attempt {rec.attempts})" if rec.attempts > 1 else ""
             self.log(f"{rec.clip.id}: routed to {pool}{again}, decoder {decoder}")
@@ -351,6 +374,20 @@ class Dispatcher:
             self.state.busy_until[pool] = start + self.state.estimate(pool, rec.clip.spec, "sample")
             changed = True
         return changed
+
+    def sample_submission(self, rec: ClipRecord, pool: str, decoder: str) -> Submission:
+        params = {
+            "run_id": self.manifest.run_id,
+            "clip": rec.clip.model_dump(mode="json"),
+            "pool": pool,
+            "decoder": decoder,
+            "config_path": self.config_path,
+            "retransfer": rec.retransfer,
+            "budget": self.budget(rec, SAMPLE_STAGES),
+        }
+        key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts + 1}"
+        name = f"{self.manifest.run_id}/{rec.clip.id}·sample·{pool}"
+        return Submission(f"sample-clip/{pool}", params, key, name, self.tags(pool), CLIPS_QUEUE)
 
     @property
     def run_tag(self) -> str:
@@ -382,15 +419,15 @@ class Dispatcher:
                 "config_path": self.config_path,
                 "budget": self.budget(rec, DECODE_STAGES),
             }
+            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts + 1}"
+            name = f"{self.manifest.run_id}/{rec.clip.id}·decode·{decoder}"
+            run_id = self.send(
+                Submission(f"decode-clip/{decoder}", params, key, name, self.tags(decoder), CLIPS_QUEUE)
+            )  # a lost answer: the next pass sends this same call (same decoder, same key)
             self.dirty.add(rec.clip.id)
             rec.state = "decoding"
             rec.decode_attempts += 1
             rec.timeline["decode_submitted"] = self.api.now()
-            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts}"
-            name = f"{self.manifest.run_id}/{rec.clip.id}·decode·{decoder}"
-            run_id = self.timed(
-                self.api.submit, f"decode-clip/{decoder}", params, key, name, self.tags(decoder), CLIPS_QUEUE
-            )
             self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, self.api.now())
             changed = True
         return changed
@@ -404,23 +441,27 @@ class Dispatcher:
         states = self.api.states(watched)
         for pool, runner in list(self.runners.items()):
             state, message = states.get(runner, ("PENDING", None))
-            if state in TERMINAL:
-                del self.runners[pool]
-                if state != "COMPLETED":  # a runner that left on its own is simply started again when needed
-                    self.runner_deaths[pool] = self.runner_deaths.get(pool, 0) + 1
-                self.log(f"pool {pool}: its runner ended ({state.lower()}: {message or 'no reason given'})")
-                for run_id, child in list(self.children.items()):  # what it had taken is lost; the queue waits
-                    if child.pool == pool and states.get(run_id, ("", None))[0] in ("PENDING", "RUNNING"):
-                        self.api.abandon(run_id, f"the runner of pool {pool} ended while running it")
-                        states[run_id] = ("CRASHED", f"the runner of pool {pool} ended while running it")
-                changed = True
+            if state not in TERMINAL:
+                continue
+            lost = f"the runner of pool {pool} ended while running it"
+            for run_id, child in self.children.items():  # what it had taken is lost; the queue waits
+                if child.pool == pool and states.get(run_id, ("", None))[0] in ("PENDING", "RUNNING"):
+                    self.api.abandon(run_id, lost)
+                    states[run_id] = ("CRASHED", lost)
+            del self.runners[pool]
+            if state != "COMPLETED":  # a runner that left on its own is simply started again when needed
+                self.runner_deaths[pool] = self.runner_deaths.get(pool, 0) + 1
+            self.log(f"pool {pool}: its runner ended ({state.lower()}: {message or 'no reason given'})")
+            changed = True
         for run_id, child in list(self.children.items()):
             state, message = states.get(run_id, ("PENDING", None))
             if state not in TERMINAL:
                 continue
+            results = self.timed(self.api.results, run_id)
+            tries = self.tries_of(run_id, results)
             del self.children[run_id]
             rec = self.manifest.clips[child.clip_id]
-            results = self.timed(self.api.results, run_id)
+            self.count_submissions(rec, tries)
             if state == "COMPLETED":
                 self.completed(child, rec, results)
             else:
@@ -428,20 +469,24 @@ class Dispatcher:
             changed = True
         return changed
 
-    def count_submissions(self, run_id: str, rec: ClipRecord, results: dict[str, StageResult]) -> None:
-        """Add a finished child's prompt submissions to the clip's tally (from Prefect if it crashed).
+    def tries_of(self, run_id: str, results: dict[str, StageResult]) -> dict[str, int]:
+        """A finished child's prompt submissions per stage: its results, else (it crashed or
+        failed mid-stage) what Prefect's task runs show."""
+        tries = {stage: r.tries for stage, r in results.items() if r.failure is None}
+        if set(tries) < set(SAMPLE_STAGES) and set(tries) < set(DECODE_STAGES):
+            tries = {**self.api.task_tries(run_id), **tries}
+        return tries
+
+    def count_submissions(self, rec: ClipRecord, tries: dict[str, int]) -> None:
+        """Add a finished child's submissions to the clip's tally.
 
         Every path that changes a clip after its child ends goes through here, so it marks the clip changed.
         """
         self.dirty.add(rec.clip.id)
-        tries = {stage: r.tries for stage, r in results.items() if r.failure is None}
-        if set(tries) < set(SAMPLE_STAGES) and set(tries) < set(DECODE_STAGES):
-            tries = {**self.api.task_tries(run_id), **tries}  # crashed or failed mid-stage: ask Prefect
         for stage, n in tries.items():
             rec.submissions[stage] = rec.submissions.get(stage, 0) + n
 
     def completed(self, child: Child, rec: ClipRecord, results: dict[str, StageResult]) -> None:
-        self.count_submissions(child.flow_run_id, rec, results)
         rec.stages.update(results)
         now = self.api.now()
         needed = "transfer" if child.kind == "sample" else "decode"
@@ -469,7 +514,6 @@ class Dispatcher:
 
     def failed(self, child: Child, rec: ClipRecord, state: str, message: str, results: dict[str, StageResult]) -> None:
         """Retry what only the dispatcher can (a crash, a latent damaged on the decoder); fail the rest."""
-        self.count_submissions(child.flow_run_id, rec, results)
         rec.stages.update({stage: r for stage, r in results.items() if r.failure is None})
         kind, reason = failure_of(state, message, results)
         retry_as: ClipState | None = None
@@ -494,27 +538,36 @@ class Dispatcher:
         now = self.api.now()
         if self.pools_checked is not None and now - self.pools_checked < POOL_CHECK_S:
             return False
+        alive = {pool.name: self.api.worker_alive(pool.work_pool) for pool in self.config.pools}
         self.pools_checked = now
         changed = False
-        for pool in self.config.pools:
-            alive = self.api.worker_alive(pool.work_pool)
-            if alive and pool.name in self.state.gone:
-                self.state.gone.discard(pool.name)
+        for pool, up in alive.items():
+            if up and pool in self.state.gone:
+                self.state.gone.discard(pool)
                 changed = True
-            elif not alive and pool.name not in self.state.gone:
-                self.state.gone.add(pool.name)
-                self.log(f"pool {pool.name} is gone (its worker stopped heart-beating); re-routing its clips")
-                if pool.name in self.runners:
-                    self.api.abandon(self.runners.pop(pool.name), f"pool {pool.name} is gone")
-                for run_id, child in list(self.children.items()):
-                    if child.pool == pool.name:
-                        self.api.abandon(run_id, f"pool {pool.name} is gone (its worker stopped heart-beating)")
-                        del self.children[run_id]
-                        rec = self.manifest.clips[child.clip_id]
-                        self.count_submissions(run_id, rec, {})
-                        rec.state = "pending" if child.kind == "sample" else "sampled"
+            elif not up and pool not in self.state.gone:
+                self.pool_gone(pool)
                 changed = True
         return changed
+
+    def pool_gone(self, pool: str) -> None:
+        """Abandon a dead pool's runner and children, then send its clips elsewhere (calls first:
+        if one fails, the next check finds the pool still to handle)."""
+        if pool in self.runners:
+            self.api.abandon(self.runners[pool], f"pool {pool} is gone")
+        lost = {run_id: child for run_id, child in self.children.items() if child.pool == pool}
+        tries = {}
+        for run_id in lost:
+            self.api.abandon(run_id, f"pool {pool} is gone (its worker stopped heart-beating)")
+            tries[run_id] = self.tries_of(run_id, {})
+        self.state.gone.add(pool)
+        self.runners.pop(pool, None)
+        self.log(f"pool {pool} is gone (its worker stopped heart-beating); re-routing its clips")
+        for run_id, child in lost.items():
+            del self.children[run_id]
+            rec = self.manifest.clips[child.clip_id]
+            self.count_submissions(rec, tries[run_id])
+            rec.state = "pending" if child.kind == "sample" else "sampled"
 
     def no_pool_left(self) -> bool:
         """True once no decoder — or, with clips still to sample, no sampler — has been alive for decoder_gone_s."""

@@ -351,12 +351,8 @@ class PrefectApi:
         over = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
         return any(r.state_type is not None and r.state_type.value in over for r in runs.values())
 
-    def claim(self, tags: list[str], limit: int) -> list[Any]:
-        """Take up to ``limit`` scheduled clip flow runs (queue ``clips``) carrying all ``tags``, oldest first.
-
-        A run is ours once Prefect accepts our Pending proposal: two runners (or a worker)
-        can never both start it.
-        """
+    def waiting(self, tags: list[str], limit: int) -> list[Any]:
+        """Up to ``limit`` scheduled clip flow runs (queue ``clips``) carrying all ``tags``, oldest first."""
         from prefect.client.schemas.filters import (
             FlowRunFilter,
             FlowRunFilterState,
@@ -365,24 +361,29 @@ class PrefectApi:
             FlowRunFilterWorkQueueName,
         )
         from prefect.client.schemas.objects import StateType
-        from prefect.client.schemas.responses import SetStateStatus
         from prefect.client.schemas.sorting import FlowRunSort
+
+        return list(
+            self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=tags),
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+                    work_queue_name=FlowRunFilterWorkQueueName(any_=[CLIPS_QUEUE]),  # never another runner
+                ),
+                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+                limit=limit,
+            )
+        )
+
+    def take(self, run_id: str) -> bool:
+        """Claim a waiting clip flow run: it is ours once Prefect accepts our Pending proposal,
+        so two runners (or a worker) can never both start it."""
+        from uuid import UUID
+
+        from prefect.client.schemas.responses import SetStateStatus
         from prefect.states import Pending
 
-        waiting = self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=tags),
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
-                work_queue_name=FlowRunFilterWorkQueueName(any_=[CLIPS_QUEUE]),  # never another runner
-            ),
-            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-            limit=limit,
-        )
-        claimed = []
-        for run in waiting:
-            if self.client.set_flow_run_state(run.id, Pending()).status == SetStateStatus.ACCEPT:
-                claimed.append(run)
-        return claimed
+        return bool(self.client.set_flow_run_state(UUID(run_id), Pending()).status == SetStateStatus.ACCEPT)
 
     def now(self) -> float:
         return time.time()
