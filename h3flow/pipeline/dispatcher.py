@@ -34,7 +34,7 @@ from h3flow.core.batch import Clip
 from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.manifest import HEARTBEAT_S, ClipRecord, ClipState, Manifest
-from h3flow.pipeline.prefect_api import UNAVAILABLE
+from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE
 from h3flow.pipeline.results import FailureKind, StageResult
 from h3flow.planner.schedule import Schedule
 
@@ -42,7 +42,6 @@ POLL = 0.5
 API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
 POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 STOPPING = {"CANCELLING", "CANCELLED"}
 SAMPLE_STAGES = ("encode", "sample", "transfer")  # the budgeted stages of a sample-clip run
 DECODE_STAGES = ("decode",)
@@ -441,7 +440,7 @@ class Dispatcher:
         states = self.api.states(watched)
         for pool, runner in list(self.runners.items()):
             state, message = states.get(runner, ("PENDING", None))
-            if state not in TERMINAL:
+            if state not in TERMINAL_STATES:
                 continue
             lost = f"the runner of pool {pool} ended while running it"
             for run_id, child in self.children.items():  # what it had taken is lost; the queue waits
@@ -455,7 +454,7 @@ class Dispatcher:
             changed = True
         for run_id, child in list(self.children.items()):
             state, message = states.get(run_id, ("PENDING", None))
-            if state not in TERMINAL:
+            if state not in TERMINAL_STATES:
                 continue
             results = self.timed(self.api.results, run_id)
             tries = self.tries_of(run_id, results)

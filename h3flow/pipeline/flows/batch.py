@@ -140,10 +140,13 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
         result = dispatcher.run()
     finally:
         api.close()
-    if plan is not None:  # drawn after the run: a large batch's chart never delays the first clip
-        publish_plan(result, plan.schedule, config, plan.proven)
     paths = write_run_report(result, config)
-    publish_report(result, paths)
+    try:
+        if plan is not None:  # drawn after the run: a large batch's chart never delays the first clip
+            publish_plan(result, plan.schedule, config, plan.proven)
+        publish_report(result, paths)
+    except UNAVAILABLE as exc:  # the report files are written; the run's end must still be recorded
+        logger.warning("plan/report artifacts not published (Prefect API unavailable: %s)", exc)
     logger.info(
         "run %s %s: %d/%d delivered; report %s",
         result.run_id,

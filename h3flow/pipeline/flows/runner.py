@@ -34,9 +34,9 @@ from prefect import flow, get_run_logger
 from h3flow.config.models import config_at
 from h3flow.core.contracts import AHEAD, pool_tag, run_tag
 from h3flow.engines import engine_for
-from h3flow.pipeline.dispatcher import API_GIVE_UP_S, TERMINAL
+from h3flow.pipeline.dispatcher import API_GIVE_UP_S
 from h3flow.pipeline.flows.clip import config_path_or_env, decode_clip, sample_clip
-from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
+from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE, PrefectApi
 
 POLL = 1.0  # seconds between looks for a queued clip while the pool has room (see docs/pipeline.md)
 BATCH_CHECK_S = 5.0  # how often the runner asks whether its batch run is still going
@@ -114,7 +114,7 @@ def settle(api: PrefectApi, unsure: dict[str, Any], unreported: set[str], start:
     if unreported:
         states = api.states(list(unreported))
         for run_id in list(unreported):
-            if states.get(run_id, ("", None))[0] not in TERMINAL:
+            if states.get(run_id, ("", None))[0] not in TERMINAL_STATES:
                 api.abandon(run_id, "it ended while the Prefect API was away, which never heard how")
             unreported.discard(run_id)
 
