@@ -554,3 +554,31 @@ def test_a_prefect_call_failing_at_any_point_of_a_run_loses_and_repeats_nothing(
         assert not left or set(left) <= {r.name for r in api.of("pool-runner")}, (at, left)
         runners = [r.pool for r in api.of("pool-runner") if r.pool not in api.dead]
         assert sorted(runners) == ["a0", "a1", "b"][int(a0_dies) :], (at, runners)
+
+
+def test_after_an_api_outage_no_pool_is_judged_gone_while_its_worker_catches_up(config: LocalConfig) -> None:
+    """Heartbeats cannot land while the server is away, and a worker backs off after errors: its
+    heartbeat looks stale for a while after the API is back. Its pool is not gone for that."""
+    import httpx
+
+    from h3flow.pipeline.dispatcher import HEARTBEAT_CATCH_UP_S
+
+    api = FakePrefect()
+    outage, beats_again = (1005.0, 1035.0), 1035.0 + HEARTBEAT_CATCH_UP_S - 10.0
+    original_states, original_alive = api.states, api.worker_alive
+
+    def states(run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        if outage[0] <= api.t < outage[1]:
+            raise httpx.ConnectError("connection refused")
+        return original_states(run_ids)
+
+    def worker_alive(work_pool: str) -> bool:
+        return original_alive(work_pool) and not outage[0] <= api.t < beats_again
+
+    api.states, api.worker_alive = states, worker_alive  # type: ignore[method-assign]
+    logged: list[str] = []
+    result = Dispatcher(config, "/cfg", batch(6), api, Saved(), log=logged.append).run()
+    assert result.state == "completed" and len(result.delivered) == 6
+    assert not api.abandoned and not [line for line in logged if "is gone" in line], logged
+    for clip in result.clips:
+        assert len(api.of("sample", clip)) == 1, clip

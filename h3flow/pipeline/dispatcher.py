@@ -41,6 +41,10 @@ from h3flow.planner.schedule import Schedule
 POLL = 0.5
 API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
 POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
+# After API errors a Prefect worker backs off between heartbeats (critical_service_loop: its
+# 5 s interval doubles per 3 failures, to 40 s ±30 %): once the API is back, no pool is judged
+# gone before its worker had this long to beat again.
+HEARTBEAT_CATCH_UP_S = 60.0
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
 STOPPING = {"CANCELLING", "CANCELLED"}
 SAMPLE_STAGES = ("encode", "sample", "transfer")  # the budgeted stages of a sample-clip run
@@ -184,6 +188,7 @@ class Dispatcher:
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
         self.api_down_since: float | None = None
+        self.api_back_at: float | None = None
         self.state = LiveState()
         self.pools_lost_since: float | None = None
         self.pools_checked: float | None = None
@@ -275,7 +280,8 @@ class Dispatcher:
                 raise
             return False
         if self.api_down_since is not None:
-            self.log(f"Prefect API back after {self.api.now() - self.api_down_since:.0f} s")
+            self.api_back_at = self.api.now()
+            self.log(f"Prefect API back after {self.api_back_at - self.api_down_since:.0f} s")
             self.api_down_since = None
         return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
 
@@ -539,12 +545,15 @@ class Dispatcher:
             return False
         alive = {pool.name: self.api.worker_alive(pool.work_pool) for pool in self.config.pools}
         self.pools_checked = now
+        catching_up = self.api_down_since is not None or (  # this pass is the first since an outage, or soon after
+            self.api_back_at is not None and now - self.api_back_at < HEARTBEAT_CATCH_UP_S
+        )
         changed = False
         for pool, up in alive.items():
             if up and pool in self.state.gone:
                 self.state.gone.discard(pool)
                 changed = True
-            elif not up and pool not in self.state.gone:
+            elif not up and pool not in self.state.gone and not catching_up:  # no beat could land in an outage
                 self.pool_gone(pool)
                 changed = True
         return changed
