@@ -81,8 +81,8 @@ class FakePrefect:
         tags: list[str],
         work_queue: str | None = None,
     ) -> str:
-        for run in self.runs.values():
-            if run.key == idempotency_key:
+        for run in self.runs.values():  # Prefect's idempotency: one run per flow and key
+            if run.key == idempotency_key and run.deployment.split("/")[0] == deployment.split("/")[0]:
                 return run.id
         run_id = f"fr-{len(self.runs)}"
         pool = deployment.split("/")[1]

@@ -18,7 +18,8 @@ The Prefect server can go away at any call (a restart, a dropped connection), ei
 before it acted or after it acted but before its answer arrived. So each pass makes its
 calls first and changes its own state only after they answered, and a submission whose
 answer was lost is sent again verbatim — same idempotency key — so Prefect hands back the
-run it may already have created instead of making a second one.
+run it may already have created instead of making a second one. (A key names the clip,
+the attempt and the pool: a different call never gets an old run back.)
 """
 
 from __future__ import annotations
@@ -390,7 +391,7 @@ class Dispatcher:
             "retransfer": rec.retransfer,
             "budget": self.budget(rec, SAMPLE_STAGES),
         }
-        key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts + 1}"
+        key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts + 1}-{pool}"  # per call
         name = f"{self.manifest.run_id}/{rec.clip.id}·sample·{pool}"
         return Submission(f"sample-clip/{pool}", params, key, name, self.tags(pool), CLIPS_QUEUE)
 
@@ -424,7 +425,7 @@ class Dispatcher:
                 "config_path": self.config_path,
                 "budget": self.budget(rec, DECODE_STAGES),
             }
-            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts + 1}"
+            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts + 1}-{decoder}"
             name = f"{self.manifest.run_id}/{rec.clip.id}·decode·{decoder}"
             run_id = self.send(
                 Submission(f"decode-clip/{decoder}", params, key, name, self.tags(decoder), CLIPS_QUEUE)
