@@ -262,16 +262,21 @@ def test_the_decode_is_queued_to_the_decoder_the_clip_was_routed_with(config: Lo
 
 
 # --------------------------------------------------------------------------- pools dying
-def test_a_pool_that_dies_is_abandoned_and_its_clips_are_rerouted(config: LocalConfig) -> None:
-    api = FakePrefect()
+def kill_a0_at_15s(api: FakePrefect) -> None:
+    """Pool a0's worker stops heart-beating 15 s into the run."""
     original = api.advance
 
-    def kill_a0_at_15s() -> None:
+    def advance() -> None:
         if api.t >= 1015.0:
             api.dead.add("a0")
         original()
 
-    api.advance = kill_a0_at_15s  # type: ignore[method-assign]
+    api.advance = advance  # type: ignore[method-assign]
+
+
+def test_a_pool_that_dies_is_abandoned_and_its_clips_are_rerouted(config: LocalConfig) -> None:
+    api = FakePrefect()
+    kill_a0_at_15s(api)
     result = dispatch(config, api, batch(6))
     assert result.state == "completed" and len(result.delivered) == 6
     late_a0 = [r for r in api.of("sample") if r.pool == "a0" and r.submitted > 1015.0 + 3.0 + POLL]
@@ -514,17 +519,6 @@ class OneCallFails(FakePrefect):
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
 
         return call
-
-
-def kill_a0_at_15s(api: FakePrefect) -> None:
-    original = api.advance
-
-    def advance() -> None:
-        if api.t >= 1015.0:
-            api.dead.add("a0")
-        original()
-
-    api.advance = advance  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("answer_lost", [False, True], ids=["refused", "answer-lost"])
