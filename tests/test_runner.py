@@ -15,7 +15,9 @@ from uuid import UUID
 import pytest
 from conftest import PrefectServer  # tests/ is on sys.path (rootdir conftest)
 
+from h3flow.core.contracts import pool_tag
 from h3flow.pipeline.flows.runner import settle
+from h3flow.pipeline.orphans import crash_orphaned_runners
 from h3flow.pipeline.prefect_api import PrefectApi, prefect_api
 
 pytestmark = pytest.mark.prefect
@@ -29,11 +31,11 @@ def api(prefect_server: PrefectServer) -> Iterator[PrefectApi]:
         client.close()
 
 
-def flow_run(api: PrefectApi, state: Any) -> Any:
+def flow_run(api: PrefectApi, state: Any, flow_name: str = "sample-clip", tags: list[str] | None = None) -> Any:
     from prefect import flow
 
-    clip_flow = flow(name="sample-clip")(lambda: None)  # a stand-in: only its name reaches the server
-    return api.client.create_flow_run(clip_flow, name="c·sample·a0", state=state)
+    stand_in = flow(name=flow_name)(lambda: None)  # only its name reaches the server
+    return api.client.create_flow_run(stand_in, name=f"{flow_name}·a0", state=state, tags=tags or [])
 
 
 def state_of(api: PrefectApi, run: Any) -> str:
@@ -71,3 +73,36 @@ def test_a_clip_that_ended_unheard_is_marked_crashed_and_a_heard_end_is_kept(api
     crashed = api.client.read_flow_run(UUID(str(unheard.id))).state
     assert crashed is not None and crashed.type.value == "CRASHED"
     assert crashed.message == "it ended while the Prefect API was away, which never heard how"
+
+
+def test_a_workers_restart_ends_the_runners_its_previous_worker_left_and_nothing_else(api: PrefectApi) -> None:
+    """h3flow.pipeline.orphans, run before pool b's worker starts again (a host reboot)."""
+    from prefect.states import Completed, Pending, Running
+
+    b = [pool_tag("b")]
+    orphaned = [flow_run(api, Running(), "pool-runner", b), flow_run(api, Pending(), "pool-runner", b)]
+    kept = [
+        flow_run(api, Completed(), "pool-runner", b),  # already over
+        flow_run(api, Running(), "pool-runner", [pool_tag("a0")]),  # another pool's
+        flow_run(api, Running(), "decode-clip", b),  # a clip: the dispatcher handles it once its runner ended
+        flow_run(api, Running(), "batch", b),  # the dispatcher's own run
+    ]
+    crashed = crash_orphaned_runners(api.client, "b")
+    assert sorted(crashed) == sorted(str(r.id) for r in orphaned)
+    assert [state_of(api, r) for r in orphaned] == ["CRASHED", "CRASHED"]
+    assert [state_of(api, r) for r in kept] == ["COMPLETED", "RUNNING", "RUNNING", "RUNNING"]
+    assert crash_orphaned_runners(api.client, "b") == []
+
+
+def test_with_the_api_down_the_step_says_so_and_lets_the_worker_start(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL="http://127.0.0.1:9/api", PREFECT_HOME=str(tmp_path))  # port 9: nothing listens
+    done = subprocess.run(
+        [sys.executable, "-m", "h3flow.pipeline.orphans", "--pool", "b"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pool b: orphaned runners not checked (Prefect API unavailable: ConnectError)"

@@ -372,6 +372,10 @@ def worker_spec(
         pidfile=str(where / f"worker-{work_pool}.pid"),
         health=WorkerHealth(config.prefect.api_url, work_pool, name, auth.get("PREFECT_API_AUTH_STRING")),
         secret_env=auth,  # its flow runs inherit it: they talk to the API too
+        # a GPU pool's runners died with its previous worker: end them in Prefect (h3flow.pipeline.orphans)
+        setup=((f"{venv_bin}/python", "-m", "h3flow.pipeline.orphans", "--pool", pool_env["H3FLOW_POOL"]),)
+        if "H3FLOW_POOL" in pool_env
+        else (),
     )
 
 
@@ -746,10 +750,10 @@ class LocalRunner:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(spec.env)
+        env.update({name: read_secret(ref) for name, ref in spec.secret_env.items()})
         for command in spec.setup:
             _run_setup(spec, command, env)
         Path(spec.cwd).mkdir(parents=True, exist_ok=True)
-        env.update({name: read_secret(ref) for name, ref in spec.secret_env.items()})
         user = spec.user if spec.user and os.geteuid() == 0 else None
         started = time.time()
         with open(spec.log, "ab") as log:
