@@ -31,11 +31,15 @@ class Settings(BaseSettings):
         default_factory=lambda: Path.home() / ".cache" / "h3flow",
         description="where the demo/test ComfyUI install is cached",
     )
-    worker_stale_s: float = Field(
-        20.0, gt=0, description="a pool is gone when its worker's last heartbeat is this old (dispatcher)"
+    silence_s: float = Field(
+        75.0,
+        gt=30,
+        description="a flow run that sends no heartbeat (every 30 s) this long is marked Crashed (`deploy` sets it)",
     )
     decoder_gone_s: float = Field(
-        60.0, gt=0, description="the run fails when no decoder (or no sampler, with clips left) is alive this long"
+        120.0,
+        gt=0,
+        description="the run fails when no decoder (or no sampler, with clips left) is ready in Prefect this long",
     )
 
 

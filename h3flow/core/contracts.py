@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 
 AHEAD = 2
-"""Clips in flight per pool: one running, one queued ahead (the dispatcher and the planner)."""
+"""Clips in flight per pool: one on its GPUs, one queued ahead. ``h3flow deploy`` makes it each
+GPU pool's queue concurrency limit in Prefect (the dispatcher reads it there); the planner
+simulates it."""
 
 MAX_SUBMISSIONS = 4
 """The most times one stage's prompt is submitted for one clip, over every retry layer."""
@@ -34,12 +36,16 @@ FILES_KEY = "h3flow_files"
 """The key under which the node pack's output nodes report the files they wrote (ComfyUI history)."""
 
 
-CLIPS_QUEUE = "clips"
-"""The work queue (in every pool's work pool) of clip flow runs: served by the pool runner, no worker."""
+WORKER_TYPE = "h3flow"
+"""The Prefect worker type of every h3flow work pool (:mod:`h3flow.pipeline.worker`): runs flow runs in-process."""
+
+H3FLOW_TAG = "h3flow"
+"""The tag every h3flow flow run carries: Prefect's silence automation watches the runs with it."""
 
 
-STOP_TAG = "h3flow:stop"
-"""Put on a pool runner's flow run by the dispatcher when its batch has no more work for it."""
+def gpu_limit(pool: str) -> str:
+    """The global concurrency limit (limit 1) that keeps a pool's GPU stages to one clip at a time."""
+    return f"h3flow-gpu-{pool}"
 
 
 def run_tag(run_id: str) -> str:
@@ -48,7 +54,7 @@ def run_tag(run_id: str) -> str:
 
 
 def pool_tag(pool: str) -> str:
-    """The tag of the flow runs meant for one pool's runner."""
+    """The tag of the flow runs a pool runs (the UI filters them by pool)."""
     return f"h3flow-pool:{pool}"
 
 

@@ -13,7 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,18 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, private: bool =
 
 
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (created if missing), held for the block."""
+def file_lock(path: str | os.PathLike[str], waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if missing), held for the block; ``waiting``
+    is called once if another holder makes this one wait. The kernel drops it if its process dies."""
     lock = Path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

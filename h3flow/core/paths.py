@@ -21,6 +21,5 @@ EXAMPLES_DIR = SOURCE_DIR / "examples"
 ENTRYPOINTS = {
     "sample-clip": "h3flow/pipeline/flows/clip.py:sample_clip",
     "decode-clip": "h3flow/pipeline/flows/clip.py:decode_clip",
-    "pool-runner": "h3flow/pipeline/flows/runner.py:pool_runner",
     "batch": "h3flow/pipeline/flows/batch.py:batch",
 }

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
 
+from h3flow.core.contracts import AHEAD, WORKER_TYPE
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import atomic_write_text
 
@@ -41,6 +42,17 @@ SecretRef = tuple[str, str]  # ("file", path) or ("env", variable): where a serv
 PG_VERSIONS = range(18, 12, -1)  # Debian's /usr/lib/postgresql/<version>/bin, newest first
 WORKER_QUERY_SECONDS = 1  # poll the work pool every second: a run starts in ~3-4 s, not 10-12
 WORKER_HEARTBEAT_SECONDS = 5
+SERVER_SETTINGS = {
+    # a GPU slot's lease outlives a server restart (in memory, a restart leaves its slot taken for good)
+    "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
+    # a slot held by another process is asked for again within 2 s (Prefect's default: up to 30 s)
+    "PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
+    # a worker that stopped heart-beating (3 beats of 5 s) shows offline, and its pool NOT_READY, within 20 s
+    "PREFECT_SERVER_SERVICES_FOREMAN_LOOP_SECONDS": "5",
+    # a cancelled batch run's clip runs are cancelled within 5 s (Prefect's cascade; default 20 s)
+    "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "5",
+}
+"""What the Prefect server h3flow starts is told (docs/services.md)."""
 
 
 # --------------------------------------------------------------------------- health checks
@@ -270,6 +282,7 @@ def server_spec(config: LocalConfig, where: Path, host: str | None = None, home:
         "PREFECT_SERVER_API_HOST": address,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_UI_API_URL": config.prefect.api_url,
+        **SERVER_SETTINGS,
     }
     secrets = auth_env(config, "PREFECT_SERVER_API_AUTH_STRING")
     db = config.prefect.database
@@ -333,9 +346,18 @@ def postgres_spec(config: LocalConfig, host: str, where: Path, data_dir: Path) -
 
 
 def worker_spec(
-    config: LocalConfig, config_path: Path, where: Path, work_pool: str, host: str, pool_env: Mapping[str, str]
+    config: LocalConfig,
+    config_path: Path,
+    where: Path,
+    work_pool: str,
+    host: str,
+    pool_env: Mapping[str, str],
+    limit: int | None = None,
 ) -> ServiceSpec:
-    """A Prefect process worker polling ``work_pool`` every second, in its own session."""
+    """An ``h3flow`` worker on ``work_pool`` (:mod:`h3flow.pipeline.worker`: flow runs in-process, engine
+    warm), polling every second, its flow runs heart-beating (the silence automation watches them)."""
+    from h3flow.pipeline.automations import HEARTBEAT_S
+
     name = f"{work_pool}-worker"
     venv_bin = str(Path(config.hosts[host].venv) / "bin")
     env = {
@@ -344,46 +366,39 @@ def worker_spec(
         "PREFECT_API_URL": config.prefect.api_url,
         "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_SECONDS),
         "PREFECT_WORKER_HEARTBEAT_SECONDS": str(WORKER_HEARTBEAT_SECONDS),
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
         "H3FLOW_CONFIG": str(Path(config_path).resolve()),
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
     auth = auth_env(config)
+    argv = [f"{venv_bin}/prefect", "worker", "start", "--pool", work_pool, "--type", WORKER_TYPE, "--name", name]
+    if limit is not None:
+        argv += ["--limit", str(limit)]
     return ServiceSpec(
         name=f"worker-{work_pool}",
         kind="worker",
         host=host,
-        # the default queue only: the "clips" queue is served in-process by the pool runner
-        argv=(
-            f"{venv_bin}/prefect",
-            "worker",
-            "start",
-            "--pool",
-            work_pool,
-            "--work-queue",
-            "default",
-            "--type",
-            "process",
-            "--name",
-            name,
-        ),
+        argv=tuple(argv),
         env=env,
         cwd=str(config.work_dir or where),
         log=str(where / f"worker-{work_pool}.log"),
         pidfile=str(where / f"worker-{work_pool}.pid"),
         health=WorkerHealth(config.prefect.api_url, work_pool, name, auth.get("PREFECT_API_AUTH_STRING")),
-        secret_env=auth,  # its flow runs inherit it: they talk to the API too
-        # a GPU pool's runners died with its previous worker: end them in Prefect (h3flow.pipeline.orphans)
-        setup=((f"{venv_bin}/python", "-m", "h3flow.pipeline.orphans", "--pool", pool_env["H3FLOW_POOL"]),)
-        if "H3FLOW_POOL" in pool_env
-        else (),
+        secret_env=auth,  # its flow runs talk to the API too
     )
 
 
 def worker_specs(config: LocalConfig, config_path: Path, where: Callable[[str], Path]) -> list[ServiceSpec]:
-    """One worker per GPU pool (with the pool's device pinning), plus the dispatcher's."""
+    """One worker per GPU pool (with the pool's device pinning, AHEAD clips at a time), plus the dispatcher's."""
     specs = [
         worker_spec(
-            config, config_path, where(pool.host), pool.work_pool, pool.host, {**pool.env, "H3FLOW_POOL": pool.name}
+            config,
+            config_path,
+            where(pool.host),
+            pool.work_pool,
+            pool.host,
+            {**pool.env, "H3FLOW_POOL": pool.name},
+            limit=AHEAD,
         )
         for pool in config.pools
     ]

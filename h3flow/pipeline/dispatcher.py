@@ -1,17 +1,19 @@
 """The dispatcher: sends each clip to the pool that finishes it earliest, live.
 
-It keeps, per sampler pool, one clip running and one queued ahead (so a worker's
-process start-up overlaps the running clip), hands sampled latents to the decoder
-queue, notices pools that die (their worker stops heart-beating) and re-routes their
-clips, re-sends latents the decoder found damaged, and records the manifest after
-every change. It talks to Prefect only through :class:`DispatchApi` (deployments and
-the API), so the pools can live on other hosts and tests can stand in for Prefect.
+It keeps each pool's queue filled to its concurrency limit in Prefect (one clip on the
+GPUs, one queued ahead), hands sampled latents to the decoders, re-routes what a pool
+that Prefect reports NOT_READY has not started, re-sends what crashed (a child run's
+heartbeats stopped: Prefect's automation marked it Crashed) or arrived damaged, and
+records the manifest after every change. It talks to Prefect only through
+:class:`DispatchApi`, so the pools can live on other hosts and tests can stand in for
+Prefect. Liveness, claiming, cancellation of the children and their GPU slots are
+Prefect's (docs/pipeline.md): the dispatcher decides routing and retries, nothing else.
 
 Retries here are for what a flow run cannot retry itself (docs/pipeline.md,
-"Retries"): a child whose process or pool died (CRASHED) is sent again, elsewhere if
-its pool is gone; a latent found damaged on the decoder (INTEGRITY) is sent again.
-Every other failure is final for this run (``resume`` tries again later). A clip's
-submissions of each stage are counted over all its children and capped at
+"Retries"): a child that crashed or vanished is sent again, elsewhere if its pool is
+not ready; a latent found damaged on the decoder is sent again. Every other failure is
+final for this run (``resume`` tries again later). A clip's submissions of each stage
+are counted over all its children and capped at
 :data:`~h3flow.core.contracts.MAX_SUBMISSIONS`.
 
 The Prefect server can go away at any call (a restart, a dropped connection), either
@@ -20,11 +22,14 @@ calls first and changes its own state only after they answered, and a submission
 answer was lost is sent again verbatim — same idempotency key — so Prefect hands back the
 run it may already have created instead of making a second one. (A key names the clip,
 the attempt and the pool: a different call never gets an old run back.)
+
+One run has one live dispatcher: each pass reads the dispatcher's own flow run with its
+children's, and a dispatcher whose run is no longer Running in Prefect (cancelled,
+crashed by the silence automation, taken over by ``resume``) stops at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,45 +37,35 @@ from typing import Any, Protocol
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import AHEAD, CLIPS_QUEUE, MAX_SUBMISSIONS, pool_tag, run_tag
+from h3flow.core.contracts import AHEAD, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
-from h3flow.pipeline.manifest import HEARTBEAT_S, ClipRecord, ClipState, Manifest
-from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE
+from h3flow.pipeline.lifecycle import ClipState, move
+from h3flow.pipeline.manifest import ClipRecord, Manifest
+from h3flow.pipeline.params import Budget
+from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE, RunState
 from h3flow.pipeline.results import FailureKind, StageResult
 from h3flow.planner.schedule import Schedule
 
 POLL = 0.5
 API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
-POOL_CHECK_S = 3.0  # how often worker heartbeats are read (each is one API call per pool)
-# After API errors a Prefect worker backs off between heartbeats (critical_service_loop: its
-# 5 s interval doubles per 3 failures, to 40 s ±30 %): once the API is back, no pool is judged
-# gone before its worker had this long to beat again.
-HEARTBEAT_CATCH_UP_S = 60.0
+POOL_CHECK_S = 3.0  # how often the work pools' status is read (one API call)
 DEFAULT_SECONDS = {"sample": 30.0, "decode": 10.0}
-STOPPING = {"CANCELLING", "CANCELLED"}
 SAMPLE_STAGES = ("encode", "sample", "transfer")  # the budgeted stages of a sample-clip run
 DECODE_STAGES = ("decode",)
+NOT_STARTED = {"SCHEDULED"}  # a child its pool's worker has not claimed: safe to withdraw
+VANISHED = "its flow run no longer exists in Prefect (deleted?)"
 
 
 class DispatchApi(Protocol):
     """The Prefect calls the dispatcher makes (real: :class:`~h3flow.pipeline.prefect_api.PrefectApi`)."""
 
-    def submit(
-        self,
-        deployment: str,
-        parameters: dict[str, Any],
-        idempotency_key: str,
-        name: str,
-        tags: list[str],
-        work_queue: str | None = None,
-    ) -> str: ...
-    def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]: ...
+    def submit(self, submission: Submission) -> str: ...
+    def states(self, run_ids: list[str]) -> dict[str, RunState]: ...  # a run that no longer exists is absent
     def results(self, run_id: str) -> dict[str, StageResult]: ...
     def task_tries(self, run_id: str) -> dict[str, int]: ...
-    def worker_alive(self, work_pool: str) -> bool: ...
-    def abandon(self, run_id: str, why: str) -> None: ...
-    def cancel(self, run_id: str, why: str) -> None: ...
-    def stop_runner(self, run_id: str) -> None: ...
+    def ready_pools(self, work_pools: list[str]) -> set[str]: ...
+    def queue_limits(self, work_pools: list[str]) -> dict[str, int | None]: ...
+    def withdraw(self, run_id: str, why: str) -> None: ...
     def now(self) -> float: ...
     def pause(self, seconds: float) -> None: ...
 
@@ -84,7 +79,6 @@ class Submission:
     key: str
     name: str
     tags: list[str]
-    work_queue: str | None = None
 
 
 @dataclass
@@ -158,6 +152,10 @@ def planner_chooser(config: LocalConfig, plan: Schedule | None = None) -> Choose
     return choose
 
 
+class Superseded(H3FlowError):
+    """This dispatcher's flow run is over in Prefect (crashed, or taken over by ``resume``): it stops acting."""
+
+
 class Dispatcher:
     """One run's dispatch loop; ``save`` records the manifest after every change."""
 
@@ -172,6 +170,7 @@ class Dispatcher:
         incarnation: str = "d0",
         own_flow_run_id: str | None = None,
         log: Callable[[str], None] = lambda line: None,
+        stop_requested: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -180,17 +179,15 @@ class Dispatcher:
         self.save = save
         self.choose = choose
         self.incarnation = incarnation  # this dispatcher's flow run: a resumed run gets fresh child keys
-        self.own_id = own_flow_run_id  # the batch flow run: cancelling it stops everything
+        self.own_id = own_flow_run_id  # the batch flow run: this dispatcher acts while it is Running
         self.log = log
-        self.runners: dict[str, str] = {}  # pool -> its pool-runner flow run
-        self.runner_deaths: dict[str, int] = {}
-        self.runner_serial = 0
+        self.stop_requested = stop_requested  # the worker asks this run to stop (cancelled in Prefect)
         self.unanswered: dict[str, tuple[Submission, str, str]] = {}  # clip -> (sample sent, pool, decoder)
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
         self.api_down_since: float | None = None
-        self.api_back_at: float | None = None
         self.state = LiveState()
+        self.slots: dict[str, int] = {}  # pool -> clips it may hold (its queue's concurrency limit)
         self.pools_lost_since: float | None = None
         self.pools_checked: float | None = None
 
@@ -203,22 +200,25 @@ class Dispatcher:
         finally:
             self.manifest.dispatch_overhead_s += self.api.now() - tick
 
-    def send(self, submission: Submission) -> str:
-        """Create a child flow run (its answer may be lost: callers keep ``submission`` to send it again)."""
-        s = submission
-        return str(self.timed(self.api.submit, s.deployment, s.parameters, s.key, s.name, s.tags, s.work_queue))
-
     def in_flight(self, pool: str) -> int:
         return sum(1 for c in self.children.values() if c.pool == pool)
+
+    def has_room(self, pool: str) -> bool:
+        return self.in_flight(pool) < self.slots.get(pool, AHEAD)
 
     def live_pools(self, role: str) -> list[str]:
         pools = self.config.samplers if role == "sample" else self.config.decoders
         return [p.name for p in pools if p.name not in self.state.gone]
 
+    def move(self, rec: ClipRecord, to: ClipState) -> None:
+        """Every clip state change of the run: the lifecycle's table decides; the clip is saved next."""
+        move(rec, to, rec.clip.id)
+        self.dirty.add(rec.clip.id)
+
     @staticmethod
-    def budget(rec: ClipRecord, stages: tuple[str, ...]) -> dict[str, int]:
+    def budget(rec: ClipRecord, stages: tuple[str, ...]) -> Budget:
         """Submissions each stage may still make for this clip."""
-        return {stage: MAX_SUBMISSIONS - rec.submissions.get(stage, 0) for stage in stages}
+        return Budget(**{stage: max(0, MAX_SUBMISSIONS - rec.submissions.get(stage, 0)) for stage in stages})
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Manifest:
@@ -227,67 +227,71 @@ class Dispatcher:
         self.manifest.state = "running"
         self.manifest.started = self.manifest.started or self.api.now()
         self.restart_interrupted()
+        self.slots = self.read_slots()
         self.beat()
         try:
             while not self.step():
                 self.api.pause(POLL)
+        except Superseded as exc:
+            self.log(f"this dispatcher stops: {exc}")
+            self.beat()  # its last facts; the dispatcher that took over loads them once this one has let go
+            raise
         except Exception as exc:  # a defect, or the API gone for good: the children finish; resume continues
             self.manifest.state, self.manifest.error = "failed", f"the dispatcher stopped: {type(exc).__name__}: {exc}"
             self.manifest.finished = self.api.now()
-            with contextlib.suppress(Exception):
-                self.beat()
+            self.beat()
             raise
-        except BaseException:  # cancelled (the worker's SIGTERM, Ctrl-C): take the children along
-            with contextlib.suppress(Exception):
-                self.stop_everything("the batch run was stopped")
-            self.manifest.state = "cancelled"
-            self.manifest.finished = self.api.now()
-            with contextlib.suppress(Exception):
-                self.beat()
-            raise
-        for pool, runner in self.runners.items():
-            try:
-                self.api.stop_runner(runner)
-            except UNAVAILABLE as exc:  # it also stops by itself once it sees the batch run over
-                self.log(f"pool {pool}: could not tell its runner to stop ({type(exc).__name__}); it stops on its own")
         self.manifest.finished = self.api.now()
         if self.manifest.state == "running":
             self.manifest.state = "failed" if self.manifest.failed else "completed"
         return self.manifest  # unsaved: the caller saves the final state once the report is out
 
+    def read_slots(self) -> dict[str, int]:
+        """Each pool's queue concurrency limit in Prefect (``h3flow deploy`` sets it to AHEAD)."""
+        pools = {p.work_pool: p.name for p in self.config.pools}
+        while True:
+            try:
+                limits = self.api.queue_limits(list(pools))
+                return {pools[wp]: limit or AHEAD for wp, limit in limits.items() if wp in pools}
+            except UNAVAILABLE as exc:
+                self.waiting_for_api(exc)
+                self.api.pause(POLL)
+
+    def waiting_for_api(self, exc: BaseException) -> None:
+        now = self.api.now()
+        if self.api_down_since is None:
+            self.api_down_since = now
+            self.log(f"Prefect API unavailable ({type(exc).__name__}: {exc}); waiting up to {API_GIVE_UP_S:.0f} s")
+        if now - self.api_down_since > API_GIVE_UP_S:
+            raise exc
+
     def step(self) -> bool:
         """One pass of the loop; True when the run is over. The API being briefly unavailable
         (a busy or restarting server) is waited out, up to ``API_GIVE_UP_S``."""
         try:
-            if self.cancelled():
+            states = self.api.states([*self.children, *([self.own_id] if self.own_id else [])])
+            if self.stopping(states):
                 return True
-            changed = self.poll_children()
-            changed |= self.check_pools()
-            changed |= self.ensure_runners()
+            changed = self.collect(states)
+            changed |= self.check_pools(states)
             changed |= self.submit_decodes()
             changed |= self.submit_samples()
-            if changed or self.api.now() - (self.manifest.heartbeat or 0) >= HEARTBEAT_S:
+            if changed:
                 self.beat()
             if self.no_pool_left():
                 role = "decoder" if not self.live_pools("decode") else "sampler pool"
-                self.fail_run(f"no {role} is alive: every {role}'s worker stopped heart-beating")
+                self.fail_run(f"no {role} is ready in Prefect: no worker of any {role} is online", states)
                 return True
         except UNAVAILABLE as exc:
-            now = self.api.now()
-            if self.api_down_since is None:
-                self.api_down_since = now
-                self.log(f"Prefect API unavailable ({type(exc).__name__}: {exc}); waiting up to {API_GIVE_UP_S:.0f} s")
-            if now - self.api_down_since > API_GIVE_UP_S:
-                raise
+            self.waiting_for_api(exc)
             return False
         if self.api_down_since is not None:
-            self.api_back_at = self.api.now()
-            self.log(f"Prefect API back after {self.api_back_at - self.api_down_since:.0f} s")
+            self.log(f"Prefect API back after {self.api.now() - self.api_down_since:.0f} s")
             self.api_down_since = None
         return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
 
     def beat(self) -> None:
-        """Save the manifest, stamped: a save is also the dispatcher's heartbeat (resume reads it)."""
+        """Save the manifest (only the clips that changed), stamped with when."""
         self.manifest.heartbeat = self.api.now()
         self.save(self.manifest, self.dirty)
         self.dirty = set()
@@ -296,54 +300,33 @@ class Dispatcher:
         """Clips a dead dispatcher had in flight start over from their last finished step."""
         for rec in self.manifest.clips.values():
             if rec.state in ("sampling", "decoding"):
-                rec.state = "pending" if rec.state == "sampling" else "sampled"
-                self.dirty.add(rec.clip.id)
+                self.move(rec, "pending" if rec.state == "sampling" else "sampled")
 
-    def cancelled(self) -> bool:
-        """True once the batch run is being cancelled: every child and runner is cancelled too."""
-        if self.own_id is None:
+    def stopping(self, states: dict[str, RunState]) -> bool:
+        """True once the batch run is being cancelled; raises :class:`Superseded` once it is over."""
+        why = self.stop_requested()
+        if self.own_id is not None:
+            own, message = states.get(self.own_id, ("GONE", "its flow run no longer exists"))
+            if own in ("CANCELLING", "CANCELLED"):
+                why = why or message or "cancelled in Prefect"
+            elif own != "RUNNING":
+                raise Superseded(f"its flow run {self.own_id} is {own.lower()} in Prefect ({message or 'no reason'})")
+        if why is None:
             return False
-        state = self.api.states([self.own_id]).get(self.own_id, ("RUNNING", None))[0]
-        if state not in STOPPING:
-            return False
-        self.stop_everything("the batch run was cancelled")
-        self.manifest.state = "cancelled"
-        self.log("run cancelled: every child and pool runner cancelled")
-        return True
-
-    def stop_everything(self, why: str) -> None:
-        for run_id in [*self.children, *self.runners.values()]:
-            self.api.cancel(run_id, why)
+        for rec in self.manifest.clips.values():  # Prefect cancels the children (subflow runs of this run)
+            if rec.state not in ("delivered", "failed", "cancelled"):
+                self.move(rec, "cancelled")
         self.children.clear()
-        self.runners.clear()
-
-    def ensure_runners(self) -> bool:
-        """One pool-runner per live pool (started once; started again if it died or left)."""
-        changed = False
-        for pool in [*self.live_pools("sample"), *self.live_pools("decode")]:
-            if pool in self.runners:
-                continue
-            deaths = self.runner_deaths.get(pool, 0)
-            if deaths >= MAX_SUBMISSIONS:
-                self.state.gone.add(pool)
-                self.log(f"pool {pool}: its runner died {deaths} times; the pool is out of this run")
-                changed = True
-                continue
-            params = {
-                "run_id": self.manifest.run_id,
-                "pool": pool,
-                "batch_flow_run_id": self.own_id,
-                "config_path": self.config_path,
-            }
-            key = f"{self.manifest.run_id}-runner-{pool}-{self.incarnation}-{self.runner_serial + 1}"
-            name = f"{self.manifest.run_id}/runner·{pool}"
-            self.runners[pool] = self.send(Submission(f"pool-runner/{pool}", params, key, name, self.tags(pool)))
-            self.runner_serial += 1
-            changed = True
-        return changed
+        self.manifest.state = "cancelled"
+        self.log(f"run cancelled ({why}): Prefect cancels its clip runs with it")
+        return True
 
     def tags(self, pool: str) -> list[str]:
         return [self.run_tag, pool_tag(pool)]
+
+    @property
+    def run_tag(self) -> str:
+        return run_tag(self.manifest.run_id)
 
     def submit_samples(self) -> bool:
         changed = False
@@ -351,7 +334,7 @@ class Dispatcher:
         for rec in self.manifest.clips.values():
             if rec.state != "pending":
                 continue
-            free = [p for p in pools if self.in_flight(p) < AHEAD]
+            free = [p for p in pools if self.has_room(p)]
             if not free or not self.live_pools("decode"):
                 break
             now = self.api.now()
@@ -367,10 +350,10 @@ class Dispatcher:
                 pool, decoder = chosen, self.pick_decoder()
                 submission = self.sample_submission(rec, pool, decoder)
                 self.unanswered[rec.clip.id] = (submission, pool, decoder)
-            run_id = self.send(submission)
+            run_id = str(self.timed(self.api.submit, submission))
             del self.unanswered[rec.clip.id]
-            self.dirty.add(rec.clip.id)
-            rec.state, rec.pool, rec.decoder = "sampling", pool, decoder
+            self.move(rec, "sampling")
+            rec.pool, rec.decoder = pool, decoder
             rec.attempts += 1
             rec.timeline["sample_submitted"] = now
             self.children[run_id] = Child(run_id, "sample", rec.clip.id, pool, now)
@@ -389,15 +372,11 @@ class Dispatcher:
             "decoder": decoder,
             "config_path": self.config_path,
             "retransfer": rec.retransfer,
-            "budget": self.budget(rec, SAMPLE_STAGES),
+            "budget": self.budget(rec, SAMPLE_STAGES).model_dump(),
         }
         key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts + 1}-{pool}"  # per call
-        name = f"{self.manifest.run_id}/{rec.clip.id}·sample·{pool}"
-        return Submission(f"sample-clip/{pool}", params, key, name, self.tags(pool), CLIPS_QUEUE)
-
-    @property
-    def run_tag(self) -> str:
-        return run_tag(self.manifest.run_id)
+        name = child_name(self.manifest.run_id, rec.clip.id, "sample", pool)
+        return Submission(f"sample-clip/{pool}", params, key, name, self.tags(pool))
 
     def pick_decoder(self) -> str:
         """The live decoder with the fewest clips headed its way (sampling, sampled or decoding):
@@ -415,7 +394,7 @@ class Dispatcher:
             if rec.state != "sampled":
                 continue
             decoder = rec.decoder if rec.decoder in self.live_pools("decode") else None
-            if decoder is None or self.in_flight(decoder) >= AHEAD:
+            if decoder is None or not self.has_room(decoder):
                 continue
             params = {
                 "run_id": self.manifest.run_id,
@@ -423,48 +402,30 @@ class Dispatcher:
                 "latent_sha256": rec.latent_sha256,
                 "decoder": decoder,
                 "config_path": self.config_path,
-                "budget": self.budget(rec, DECODE_STAGES),
+                "budget": self.budget(rec, DECODE_STAGES).model_dump(),
             }
             key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts + 1}-{decoder}"
-            name = f"{self.manifest.run_id}/{rec.clip.id}·decode·{decoder}"
-            run_id = self.send(
-                Submission(f"decode-clip/{decoder}", params, key, name, self.tags(decoder), CLIPS_QUEUE)
-            )  # a lost answer: the next pass sends this same call (same decoder, same key)
-            self.dirty.add(rec.clip.id)
-            rec.state = "decoding"
+            name = child_name(self.manifest.run_id, rec.clip.id, "decode", decoder)
+            submission = Submission(f"decode-clip/{decoder}", params, key, name, self.tags(decoder))
+            run_id = str(self.timed(self.api.submit, submission))  # a lost answer: the next pass sends this same call
+            self.move(rec, "decoding")
             rec.decode_attempts += 1
             rec.timeline["decode_submitted"] = self.api.now()
             self.children[run_id] = Child(run_id, "decode", rec.clip.id, decoder, self.api.now())
             changed = True
         return changed
 
-    def poll_children(self) -> bool:
-        """Collect finished children; notice runners that died (their clips were lost with them)."""
-        watched = [*self.children, *self.runners.values()]
-        if not watched:
-            return False
+    def collect(self, states: dict[str, RunState]) -> bool:
+        """Collect the children that ended; one that no longer exists (deleted in the UI) is re-sent
+        like a crashed one."""
         changed = False
-        states = self.api.states(watched)
-        for pool, runner in list(self.runners.items()):
-            state, message = states.get(runner, ("PENDING", None))
-            if state not in TERMINAL_STATES:
-                continue
-            lost = f"the runner of pool {pool} ended while running it"
-            for run_id, child in self.children.items():  # what it had taken is lost; the queue waits
-                if child.pool == pool and states.get(run_id, ("", None))[0] in ("PENDING", "RUNNING"):
-                    self.api.abandon(run_id, lost)
-                    states[run_id] = ("CRASHED", lost)
-            del self.runners[pool]
-            if state != "COMPLETED":  # a runner that left on its own is simply started again when needed
-                self.runner_deaths[pool] = self.runner_deaths.get(pool, 0) + 1
-            self.log(f"pool {pool}: its runner ended ({state.lower()}: {message or 'no reason given'})")
-            changed = True
         for run_id, child in list(self.children.items()):
-            state, message = states.get(run_id, ("PENDING", None))
+            vanished = run_id not in states
+            state, message = ("CRASHED", VANISHED) if vanished else states[run_id]
             if state not in TERMINAL_STATES:
                 continue
-            results = self.timed(self.api.results, run_id)
-            tries = self.tries_of(run_id, results)
+            results = {} if vanished else self.timed(self.api.results, run_id)
+            tries = {} if vanished else self.tries_of(child, results)  # a vanished run's task runs went with it
             del self.children[run_id]
             rec = self.manifest.clips[child.clip_id]
             self.count_submissions(rec, tries)
@@ -475,19 +436,17 @@ class Dispatcher:
             changed = True
         return changed
 
-    def tries_of(self, run_id: str, results: dict[str, StageResult]) -> dict[str, int]:
-        """A finished child's prompt submissions per stage: its results, else (it crashed or
-        failed mid-stage) what Prefect's task runs show."""
+    def tries_of(self, child: Child, results: dict[str, StageResult]) -> dict[str, int]:
+        """A finished child's prompt submissions per stage: its results for the stages it finished,
+        Prefect's task runs for the rest (it crashed or failed part-way)."""
+        stages = SAMPLE_STAGES if child.kind == "sample" else DECODE_STAGES
         tries = {stage: r.tries for stage, r in results.items() if r.failure is None}
-        if set(tries) < set(SAMPLE_STAGES) and set(tries) < set(DECODE_STAGES):
-            tries = {**self.api.task_tries(run_id), **tries}
-        return tries
+        if set(stages) <= set(tries):
+            return tries
+        return {**self.api.task_tries(child.flow_run_id), **tries}
 
     def count_submissions(self, rec: ClipRecord, tries: dict[str, int]) -> None:
-        """Add a finished child's submissions to the clip's tally.
-
-        Every path that changes a clip after its child ends goes through here, so it marks the clip changed.
-        """
+        """Add a finished child's submissions to the clip's tally."""
         self.dirty.add(rec.clip.id)
         for stage, n in tries.items():
             rec.submissions[stage] = rec.submissions.get(stage, 0) + n
@@ -500,7 +459,7 @@ class Dispatcher:
             raise H3FlowError(f"flow run {child.flow_run_id} completed without publishing its {needed} result")
         if child.kind == "sample":
             rec.latent_sha256 = results["transfer"].sha256
-            rec.state = "sampled"
+            self.move(rec, "sampled")
             rec.timeline["sampled"] = now
             rec.retransfer = False
             self.state.measured.setdefault((child.pool, rec.clip.spec), []).append(now - child.submitted)
@@ -514,7 +473,7 @@ class Dispatcher:
         else:
             rec.output = results["decode"].path
             rec.output_sha256 = results["decode"].sha256
-            rec.state = "delivered"
+            self.move(rec, "delivered")
             rec.timeline["delivered"] = now
             self.log(f"{rec.clip.id}: delivered {rec.output}")
 
@@ -527,59 +486,75 @@ class Dispatcher:
             retry_as = "pending" if child.kind == "sample" else "sampled"
         elif kind is FailureKind.INTEGRITY and child.kind == "decode":
             retry_as = "pending"  # send the latent again (sampling is cached), never decode the damaged copy
-        attempts = rec.attempts if retry_as == "pending" else rec.decode_attempts
-        if retry_as is not None and attempts >= MAX_SUBMISSIONS:
-            kind, reason, retry_as = FailureKind.BUDGET, f"tried {attempts} times; last: {kind.value}: {reason}", None
+        spent = self.spent(rec, "sample" if retry_as == "pending" else "decode")
+        if retry_as is not None and spent:
+            kind, reason, retry_as = FailureKind.BUDGET, f"{spent}; last: {kind.value}: {reason}", None
         if retry_as is None:
-            rec.state, rec.failure, rec.error = "failed", kind, f"{child.kind} on {child.pool}: {kind.value}: {reason}"
+            self.move(rec, "failed")
+            rec.failure, rec.error = kind, f"{child.kind} on {child.pool}: {kind.value}: {reason}"
             self.log(f"{rec.clip.id}: failed — {rec.error}")
             return
         if kind is FailureKind.INTEGRITY:
             rec.retransfer = True
-        rec.state = retry_as
+        self.move(rec, retry_as)
         self.log(f"{rec.clip.id}: {child.kind} on {child.pool} {kind.value} ({reason}); sending it again")
 
-    def check_pools(self) -> bool:
-        """A pool whose worker stopped heart-beating is gone: re-route what it held."""
+    @staticmethod
+    def spent(rec: ClipRecord, kind: str) -> str | None:
+        """Why the clip may not be sent again as ``kind`` (its runs or a stage's submissions are used up)."""
+        attempts = rec.attempts if kind == "sample" else rec.decode_attempts
+        if attempts >= MAX_SUBMISSIONS:
+            return f"{kind} sent {attempts} times"
+        stages = SAMPLE_STAGES if kind == "sample" else DECODE_STAGES
+        used = [s for s in stages if rec.submissions.get(s, 0) >= MAX_SUBMISSIONS]
+        return f"{used[0]} submitted {rec.submissions[used[0]]} times" if used else None
+
+    def check_pools(self, states: dict[str, RunState]) -> bool:
+        """Prefect's work-pool status decides routing: a pool that is not READY (no worker online)
+        gets nothing new, and the clips it has not started go elsewhere. What it has started is
+        Prefect's to judge: a run whose heartbeats stop is marked Crashed, then sent again."""
         now = self.api.now()
         if self.pools_checked is not None and now - self.pools_checked < POOL_CHECK_S:
             return False
-        alive = {pool.name: self.api.worker_alive(pool.work_pool) for pool in self.config.pools}
+        ready = self.api.ready_pools([p.work_pool for p in self.config.pools])
         self.pools_checked = now
-        catching_up = self.api_down_since is not None or (  # this pass is the first since an outage, or soon after
-            self.api_back_at is not None and now - self.api_back_at < HEARTBEAT_CATCH_UP_S
-        )
         changed = False
-        for pool, up in alive.items():
-            if up and pool in self.state.gone:
-                self.state.gone.discard(pool)
+        for pool in self.config.pools:
+            if pool.work_pool in ready:
+                if pool.name in self.state.gone:
+                    self.state.gone.discard(pool.name)
+                    self.log(f"pool {pool.name} is ready again")
+                    changed = True
+                continue
+            if pool.name not in self.state.gone:
+                self.state.gone.add(pool.name)
+                self.log(f"pool {pool.name} is not ready in Prefect (no worker online): routing around it")
                 changed = True
-            elif not up and pool not in self.state.gone and not catching_up:  # no beat could land in an outage
-                self.pool_gone(pool)
-                changed = True
+            changed |= self.withdraw_unstarted(pool.name, states)
         return changed
 
-    def pool_gone(self, pool: str) -> None:
-        """Abandon a dead pool's runner and children, then send its clips elsewhere (calls first:
-        if one fails, the next check finds the pool still to handle)."""
-        if pool in self.runners:
-            self.api.abandon(self.runners[pool], f"pool {pool} is gone")
-        lost = {run_id: child for run_id, child in self.children.items() if child.pool == pool}
-        tries = {}
-        for run_id in lost:
-            self.api.abandon(run_id, f"pool {pool} is gone (its worker stopped heart-beating)")
-            tries[run_id] = self.tries_of(run_id, {})
-        self.state.gone.add(pool)
-        self.runners.pop(pool, None)
-        self.log(f"pool {pool} is gone (its worker stopped heart-beating); re-routing its clips")
-        for run_id, child in lost.items():
+    def withdraw_unstarted(self, pool: str, states: dict[str, RunState]) -> bool:
+        """Cancel the children a not-ready pool has not claimed, and route their clips again (calls
+        first: a call that fails leaves the rest for the next check)."""
+        changed = False
+        for run_id, child in list(self.children.items()):
+            if child.pool != pool or states.get(run_id, ("", None))[0] not in NOT_STARTED:
+                continue
+            self.api.withdraw(run_id, f"withdrawn: pool {pool} has no worker online; the clip is routed again")
             del self.children[run_id]
             rec = self.manifest.clips[child.clip_id]
-            self.count_submissions(rec, tries[run_id])
-            rec.state = "pending" if child.kind == "sample" else "sampled"
+            if child.kind == "sample":
+                rec.attempts -= 1  # it never ran: not a try
+                self.move(rec, "pending")
+            else:
+                rec.decode_attempts -= 1
+                self.move(rec, "sampled")
+            self.log(f"{rec.clip.id}: withdrawn from pool {pool} before it started")
+            changed = True
+        return changed
 
     def no_pool_left(self) -> bool:
-        """True once no decoder — or, with clips still to sample, no sampler — has been alive for decoder_gone_s."""
+        """True once no decoder — or, with clips still to sample, no sampler — has been ready for decoder_gone_s."""
         waiting = any(c.state == "pending" for c in self.manifest.clips.values())
         if self.live_pools("decode") and (self.live_pools("sample") or not waiting):
             self.pools_lost_since = None
@@ -588,13 +563,19 @@ class Dispatcher:
         self.pools_lost_since = self.pools_lost_since or now
         return now - self.pools_lost_since > settings().decoder_gone_s
 
-    def fail_run(self, why: str) -> None:
-        for run_id in [*self.children, *self.runners.values()]:
-            self.api.abandon(run_id, why)
+    def fail_run(self, why: str, states: dict[str, RunState]) -> None:
+        """The run cannot go on: what has not started is withdrawn; what runs finishes (resume uses it)."""
+        for run_id in self.children:
+            if states.get(run_id, ("", None))[0] in NOT_STARTED:
+                self.api.withdraw(run_id, why)
         self.children.clear()
-        self.runners.clear()
         self.manifest.state, self.manifest.error = "failed", why
         self.log(f"run failed: {why}")
+
+
+def child_name(run_id: str, clip_id: str, kind: str, pool: str) -> str:
+    """A child flow run's name: ``<run>/<clip> <kind> on <pool>`` (the UI and ``status`` read it)."""
+    return f"{run_id}/{clip_id} {kind} on {pool}"
 
 
 def failure_of(state: str, message: str, results: dict[str, StageResult]) -> tuple[FailureKind, str]:

@@ -1,7 +1,7 @@
 """The run manifest: ``<runs_dir>/<run_id>/manifest.json``, the source of truth for a run.
 
-One writer (the dispatcher, or ``resume`` through it) rewrites it atomically after every
-state change, so ``wait``/``status`` can read it at any time and a killed dispatcher
+One writer (the dispatcher, or ``resume`` through it; a lock beside it keeps it to one)
+records every state change, so ``wait``/``status`` can read it at any time and a killed dispatcher
 leaves a consistent record behind.
 """
 
@@ -21,14 +21,10 @@ from h3flow.core.batch import Clip
 from h3flow.core.errors import ConfigError
 from h3flow.core.fsutil import atomic_write_json, atomic_write_text
 from h3flow.core.jsonio import format_validation_error, load_json_file
+from h3flow.pipeline.lifecycle import ClipState
 from h3flow.pipeline.results import FailureKind, StageResult
 
-ClipState = Literal["pending", "sampling", "sampled", "decoding", "delivered", "failed"]
 RunState = Literal["pending", "running", "completed", "failed", "cancelled"]
-HEARTBEAT_S = 2.0
-"""The dispatcher saves the manifest at least this often; a run whose manifest is older than
-``STALE_AFTER`` heartbeats has no live dispatcher, whatever Prefect still says."""
-STALE_AFTER = 15  # 30 s: a loop stalled by a busy server is not taken for a dead one
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 
@@ -83,13 +79,12 @@ class Manifest(BaseModel):
     finished: float | None = None
     error: str | None = None
     journal_seq: int = Field(0, description="the last save folded into this record (snapshot + journal)")
-    heartbeat: float | None = Field(
-        None, description="the dispatcher's clock when it last saved (at least every HEARTBEAT_S while it runs)"
-    )
+    heartbeat: float | None = Field(None, description="the dispatcher's clock when it last saved")
     planned_makespan: float | None = None
     dispatch_overhead_s: float = Field(
         0.0, description="the dispatcher's per-clip API work: submitting children, reading their records"
     )
+    dispatch_api_calls: int = Field(0, description="Prefect API calls the run's dispatchers made, polling included")
     clips: dict[str, ClipRecord]
 
     @property

@@ -3,13 +3,13 @@
 :func:`prefect_api` points Prefect's client at the config's server with the cluster's
 credential (never an ephemeral server, never ``~/.prefect``, whatever the caller's
 environment says); :func:`api_headers` is the same credential for plain HTTP calls;
-:class:`PrefectApi` is the handful of calls the dispatcher and the pool runners make, in
-one place so tests can stand in for it. Inside a worker's flow run the worker's
+:class:`PrefectApi` is the handful of calls the dispatcher makes, in one place so tests
+can stand in for it. Inside a worker's flow run the worker's
 environment already holds the URL and the credential (``h3flow start`` gives them). The
 functions at the end are what the operator's commands ask about a run (``status`` links,
 ``logs``, ``cancel``): a run's flow runs are its batch (dispatcher) runs, by id, and
 every flow run tagged ``h3flow-run:<id>`` (the clips' children, named
-``[<run>/]<clip>·<stage>·<pool>``).
+``<run>/<clip> <stage> on <pool>``).
 """
 
 from __future__ import annotations
@@ -17,28 +17,33 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
 from h3flow.config.models import LocalConfig
-from h3flow.config.settings import prefect_client_home, settings
-from h3flow.core.contracts import CLIPS_QUEUE, STOP_TAG, run_tag
+from h3flow.config.settings import prefect_client_home
+from h3flow.core.contracts import run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.results import StageResult, results_from_rows
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+RunState = tuple[str, str | None]
+"""A flow run's state type (RUNNING, COMPLETED, ...) and its message."""
 UNAVAILABLE: tuple[type[BaseException], ...] = (httpx.HTTPError, ConnectionError, TimeoutError)
 """What a busy, restarting or unreachable Prefect server raises (waited out, not a defect)."""
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.objects import FlowRun
+
+    from h3flow.pipeline.dispatcher import Submission
 
 
 def client_home(config: LocalConfig) -> Path:
@@ -133,12 +138,12 @@ class RunProgress:
 
 
 class PrefectApi:
-    """The Prefect calls the dispatcher and the pool runners make (sync client), in one place.
+    """The Prefect calls the dispatcher makes (sync client), in one place.
 
     Inside a flow run (the batch flow), children are linked to it as subflow runs the
     way ``run_deployment`` links them: one task run in the parent per child, so the UI's
-    run graph and "Subflow runs" tab show every clip and cancelling the batch run reaches
-    them.
+    run graph and "Subflow runs" tab show every clip and cancelling the batch run
+    cancels them (Prefect's cancellation cascade).
     """
 
     def __init__(self, parent_flow_run_id: str | None = None) -> None:
@@ -148,38 +153,26 @@ class PrefectApi:
         self.client.__enter__()
         self.parent = parent_flow_run_id
         self._deployment_ids: dict[str, Any] = {}
+        self.calls = 0  # API calls made (what the orchestration benchmark reports per clip)
 
     def close(self) -> None:
         self.client.__exit__(None, None, None)
 
-    def submit(
-        self,
-        deployment: str,
-        parameters: dict[str, Any],
-        idempotency_key: str,
-        name: str,
-        tags: list[str],
-        work_queue: str | None = None,
-    ) -> str:
-        """Create a child flow run of ``deployment`` (two API calls: the link, the run; the id is cached).
-
-        (``run_deployment`` costs several calls a child, which on a busy 2-core server
-        dominated the dispatcher's time.) Children carry the run's tags, so the UI lists a
-        run's flow runs with one filter.
-        """
-        deployment_id = self._deployment_ids.get(deployment)
+    def submit(self, submission: Submission) -> str:
+        """Create a child flow run of a deployment (two API calls: the link, the run; the
+        deployment's id is read once). ``run_deployment`` costs several calls a child, which on
+        a busy 2-core server dominated the dispatcher's time."""
+        s = submission
+        deployment_id = self._deployment_ids.get(s.deployment)
         if deployment_id is None:
-            deployment_id = self._deployment_ids[deployment] = self.client.read_deployment_by_name(deployment).id
-        link = self._link(deployment, idempotency_key) if self.parent else None
+            self.calls += 1
+            deployment_id = self._deployment_ids[s.deployment] = self.client.read_deployment_by_name(s.deployment).id
+        link = self._link(s.deployment, s.key) if self.parent else None
+        self.calls += 1
         run = self.client.create_flow_run_from_deployment(
-            deployment_id,
-            parameters=parameters,
-            idempotency_key=idempotency_key,
-            name=name,
-            tags=tags,
+            deployment_id, parameters=s.parameters, idempotency_key=s.key, name=s.name, tags=s.tags,
             parent_task_run_id=link,
-            work_queue_name=work_queue,
-        )
+        )  # fmt: skip
         return str(run.id)
 
     def _link(self, deployment: str, key: str) -> Any:
@@ -191,18 +184,23 @@ class PrefectApi:
 
         stand_in: Task[[], None] = Task(name=deployment, fn=_nothing)
         stand_in.task_key = f"h3flow.child.{deployment}"
+        self.calls += 1
         task_run = self.client.create_task_run(
             task=stand_in, flow_run_id=UUID(str(self.parent)), dynamic_key=key, state=Pending()
         )
         return task_run.id
 
-    def states(self, run_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    def states(self, run_ids: list[str]) -> dict[str, RunState]:
+        """Each run's state type and message; a run that no longer exists is absent."""
         from uuid import UUID
 
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+        if not run_ids:
+            return {}
+        self.calls += 1
         runs = self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(r) for r in run_ids]))
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(r) for r in run_ids])), limit=len(run_ids)
         )
         return {
             str(r.id): (r.state_type.value if r.state_type else "PENDING", r.state.message if r.state else None)
@@ -215,6 +213,7 @@ class PrefectApi:
 
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 
+        self.calls += 1
         arts = self.client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]), type=ArtifactFilterType(any_=["table"])
@@ -232,6 +231,7 @@ class PrefectApi:
 
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+        self.calls += 1
         runs = self.client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
         tries: dict[str, int] = {}
         for run in runs:
@@ -241,30 +241,31 @@ class PrefectApi:
             tries[stage] = tries.get(stage, 0) + int(run.run_count or 0)
         return tries
 
-    def worker_alive(self, work_pool: str) -> bool:
-        workers = self.client.read_workers_for_work_pool(work_pool)
-        stale_s = settings().worker_stale_s
-        now = datetime.now(UTC)
-        return any(
-            w.last_heartbeat_time is not None and (now - w.last_heartbeat_time).total_seconds() < stale_s
-            for w in workers
-        )
+    def ready_pools(self, work_pools: list[str]) -> set[str]:
+        """The work pools Prefect reports READY (a worker online): one call for all of them."""
+        from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
 
-    def abandon(self, run_id: str, why: str) -> None:
-        """Mark a child whose process or pool is gone as Crashed (nobody else will)."""
-        from uuid import UUID
+        self.calls += 1
+        pools = self.client.read_work_pools(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=work_pools)))
+        return {p.name for p in pools if p.status is not None and p.status.value == "READY"}
 
-        from prefect.states import Crashed
+    def queue_limits(self, work_pools: list[str]) -> dict[str, int | None]:
+        """Each work pool's default queue's concurrency limit (None: unlimited)."""
+        limits: dict[str, int | None] = {}
+        for name in work_pools:
+            self.calls += 1
+            queue = self.client.read_work_queue_by_name("default", work_pool_name=name)
+            limits[name] = queue.concurrency_limit
+        return limits
 
-        self.client.set_flow_run_state(UUID(run_id), Crashed(message=why), force=True)
-
-    def cancel(self, run_id: str, why: str) -> None:
-        """Cancel a flow run that has not finished (a runner sees it and stops)."""
+    def withdraw(self, run_id: str, why: str) -> None:
+        """Cancel a child no worker has started (it is routed again)."""
         from uuid import UUID
 
         from prefect.states import Cancelled
 
-        self.client.set_flow_run_state(UUID(run_id), Cancelled(message=why), force=True)
+        self.calls += 1
+        self.client.set_flow_run_state(UUID(run_id), Cancelled(message=why))
 
     def name_run(self, run_id: str, name: str | None, tags: list[str]) -> None:
         """Give a flow run h3flow's name and tags (a batch run started from the UI or the Prefect CLI too)."""
@@ -272,13 +273,6 @@ class PrefectApi:
 
         current = self.client.read_flow_run(UUID(run_id))
         self.client.update_flow_run(UUID(run_id), name=name, tags=sorted({*current.tags, *tags}))
-
-    def stop_runner(self, run_id: str) -> None:
-        """Ask a pool runner to finish: it sees the tag within seconds and ends Completed."""
-        from uuid import UUID
-
-        current = self.client.read_flow_run(UUID(run_id))
-        self.client.update_flow_run(UUID(run_id), tags=sorted({*current.tags, STOP_TAG}))
 
     # -- readers: a run as Prefect sees it
     def batch_runs(self, run_id: str) -> list[Any]:
@@ -294,11 +288,11 @@ class PrefectApi:
             )
         )
 
-    def live_dispatcher(self, run_id: str) -> str | None:
-        """The id of a dispatcher flow run of this run that has not finished, if any."""
+    def live_dispatcher(self, run_id: str) -> Any | None:
+        """A dispatcher flow run of this run that has not finished, if any."""
         for run in self.batch_runs(run_id):
             if run.state_type is None or run.state_type.value not in TERMINAL_STATES:
-                return str(run.id)
+                return run
         return None
 
     def run_progress(self, run_id: str) -> RunProgress:
@@ -332,58 +326,6 @@ class PrefectApi:
         state = newest.state_type.value if newest.state_type else "PENDING"
         message = newest.state.message if newest.state else None
         return RunProgress(state, finished("sample-clip"), finished("decode-clip"), total, message)
-
-    # -- the pool runner's side
-    def runner_done(self, own_id: str, batch_id: str | None) -> bool:
-        """True when the runner should take no more clips: asked to stop, cancelled, or its batch run is over."""
-        from uuid import UUID
-
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-        ids = [UUID(own_id), *([UUID(batch_id)] if batch_id else [])]
-        runs = {
-            str(r.id): r
-            for r in self.client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
-        }
-        own = runs.get(own_id)
-        if own is None or STOP_TAG in own.tags or (batch_id and batch_id not in runs):
-            return True
-        over = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
-        return any(r.state_type is not None and r.state_type.value in over for r in runs.values())
-
-    def waiting(self, tags: list[str], limit: int) -> list[Any]:
-        """Up to ``limit`` scheduled clip flow runs (queue ``clips``) carrying all ``tags``, oldest first."""
-        from prefect.client.schemas.filters import (
-            FlowRunFilter,
-            FlowRunFilterState,
-            FlowRunFilterStateType,
-            FlowRunFilterTags,
-            FlowRunFilterWorkQueueName,
-        )
-        from prefect.client.schemas.objects import StateType
-        from prefect.client.schemas.sorting import FlowRunSort
-
-        return list(
-            self.client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(
-                    tags=FlowRunFilterTags(all_=tags),
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
-                    work_queue_name=FlowRunFilterWorkQueueName(any_=[CLIPS_QUEUE]),  # never another runner
-                ),
-                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-                limit=limit,
-            )
-        )
-
-    def take(self, run_id: str) -> bool:
-        """Claim a waiting clip flow run: it is ours once Prefect accepts our Pending proposal,
-        so two runners (or a worker) can never both start it."""
-        from uuid import UUID
-
-        from prefect.client.schemas.responses import SetStateStatus
-        from prefect.states import Pending
-
-        return bool(self.client.set_flow_run_state(UUID(run_id), Pending()).status == SetStateStatus.ACCEPT)
 
     def now(self) -> float:
         return time.time()
@@ -443,11 +385,14 @@ class RunFlowRun:
         return asdict(self)
 
 
+CHILD_NAME = re.compile(r"^(?:[^/]+/)?(?P<clip>\S+) (?P<stage>sample|decode) on (?P<pool>\S+)$")
+
+
 def child_name_parts(name: str, run_id: str) -> tuple[str, str, str] | None:
-    """``[<run>/]<clip>·<stage>·<pool>`` -> (clip, stage, pool); None for any other name."""
-    bare = name.removeprefix(f"{run_id}/")
-    parts = bare.split("·")
-    return (parts[0], parts[1], parts[2]) if len(parts) == 3 and all(parts) else None
+    """``[<run>/]<clip> <stage> on <pool>`` (:func:`~h3flow.pipeline.dispatcher.child_name`) ->
+    (clip, stage, pool); None for any other name."""
+    match = CHILD_NAME.match(name.removeprefix(f"{run_id}/"))
+    return (match["clip"], match["stage"], match["pool"]) if match else None
 
 
 def _describe(config: LocalConfig, run: FlowRun, run_id: str) -> RunFlowRun:

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.batch import Batch, load_batch
-from h3flow.core.contracts import run_tag
+from h3flow.core.contracts import H3FLOW_TAG, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.core.fsutil import sha256_file
 from h3flow.handoff.inventory import HostFiles, check_host_files
-from h3flow.pipeline.manifest import HEARTBEAT_S, STALE_AFTER, ClipState, Manifest, load_manifest, new_run_id
+from h3flow.pipeline.lifecycle import ClipState
+from h3flow.pipeline.manifest import Manifest, load_manifest, new_run_id
+from h3flow.pipeline.params import ResumePlan
 from h3flow.pipeline.prefect_api import PrefectApi, RunProgress, prefect_api
 from h3flow.pipeline.run_report import summary
 
@@ -92,7 +94,7 @@ def submit_dispatcher(config: LocalConfig, config_path: Path, run_id: str, param
                 timeout=0,
                 as_subflow=False,
                 flow_run_name=run_id,
-                tags=[run_tag(run_id)],
+                tags=[run_tag(run_id), H3FLOW_TAG],
             )
     except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
         raise H3FlowError(
@@ -311,25 +313,28 @@ def reconcile(manifest: Manifest, config: LocalConfig, inventory: Inventory) -> 
 def resume_run(
     run_id: str, config_path: Path, read: ManifestReader | None = None, inventory: Inventory | None = None
 ) -> Resumption:
-    """Verify what exists and start the run's dispatcher again for the rest (refused while one runs)."""
+    """Verify what exists and start the run's dispatcher again for the rest.
+
+    Refused while the run's dispatcher is not over in Prefect: Prefect decides that (its
+    worker's report, or the silence automation once its heartbeats stop), so a dispatcher
+    that is only slow is never taken for a dead one, and one run never has two.
+    """
     config = load_local_config(config_path)
     manifest = (read or local_manifests(config))(run_id)
     with prefect_api(config):
         api = PrefectApi()
         try:
             alive = api.live_dispatcher(run_id)
-            if alive is not None:
-                age = time.time() - (manifest.heartbeat or 0)
-                if age < STALE_AFTER * HEARTBEAT_S and manifest.state not in ("completed", "failed", "cancelled"):
-                    raise H3FlowError(
-                        f"run {run_id} is still running (its dispatcher, flow run {alive}, saved {age:.0f} s ago): "
-                        f"wait for it, or `h3flow cancel {run_id}` first"
-                    )
-                api.abandon(alive, f"its dispatcher stopped heart-beating {age:.0f} s ago: taken over by resume")
         finally:
             api.close()
+    if alive is not None:
+        state = alive.state_name or (alive.state_type.value.title() if alive.state_type else "Pending")
+        raise H3FlowError(
+            f"run {run_id} is still running (its dispatcher, flow run {alive.id}, is {state} in Prefect, which marks "
+            f"it Crashed if it falls silent): wait for it, or `h3flow cancel {run_id}` first"
+        )
     found = reconcile(manifest, config, inventory or local_inventory(config))
     if found.count("delivered") < len(found.states):
-        resume = {"states": found.states, "resend": sorted(found.resend)}
-        submit_dispatcher(config, config_path, run_id, {"resume": resume})
+        plan = ResumePlan(states=found.states, resend=sorted(found.resend))
+        submit_dispatcher(config, config_path, run_id, {"resume": plan.model_dump(mode="json")})
     return found

@@ -1,9 +1,14 @@
-"""Work pools, deployments and ``prefect.yaml``, all derived from local.json.
+"""Work pools, concurrency limits, the silence automation, deployments and ``prefect.yaml``,
+all derived from local.json.
 
-``h3flow deploy`` creates, per pool, a process work pool and a deployment
-(``sample-clip/<pool>`` or ``decode-clip/<decoder>``), plus ``batch/run`` and, when
-local.json has a schedule, the cron ``batch/inbox`` — and writes the matching
-``prefect.yaml`` so ``prefect deploy --all`` gives the same deployments.
+``h3flow deploy`` creates, per pool, a work pool of the ``h3flow`` worker type whose
+default queue holds ``AHEAD`` clips at a time, a global concurrency limit of 1 for its
+GPUs (``h3flow-gpu-<pool>``, the Concurrency page) and a deployment
+(``sample-clip/<pool>`` or ``decode-clip/<decoder>``); the control pool and
+``batch/run`` (and, when local.json has a schedule, the cron ``batch/inbox``); and the
+automation that marks a silent flow run Crashed (:mod:`h3flow.pipeline.automations`).
+It writes the matching ``prefect.yaml``, so ``prefect deploy --all`` gives the same
+deployments.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
-from h3flow.core.contracts import CLIPS_QUEUE
+from h3flow.core.contracts import AHEAD, H3FLOW_TAG, WORKER_TYPE, gpu_limit
 from h3flow.core.fsutil import atomic_write_text
 from h3flow.core.paths import ENTRYPOINTS, SOURCE_DIR
 
@@ -25,7 +30,6 @@ class DeploymentSpec:
     flow: str
     name: str
     work_pool: str
-    env: dict[str, str]
     parameters: dict[str, Any]
     cron: str | None = None
     timezone: str | None = None
@@ -36,22 +40,17 @@ class DeploymentSpec:
 
 
 def deployment_specs(config: LocalConfig, config_path: Path) -> list[DeploymentSpec]:
-    cfg = str(Path(config_path).absolute())
+    """The deployments: no job variables, as the h3flow worker runs every flow run in its own
+    environment (the pool's devices and H3FLOW_CONFIG, set by ``h3flow start``)."""
+    cfg = {"config_path": str(Path(config_path).absolute())}
     specs: list[DeploymentSpec] = []
     for pool in config.pools:
         flow = "sample-clip" if pool.role == "sample" else "decode-clip"
-        env = {**pool.env, "H3FLOW_CONFIG": cfg}
-        specs.append(DeploymentSpec(flow, pool.name, pool.work_pool, env, {"config_path": cfg}))
-        specs.append(DeploymentSpec("pool-runner", pool.name, pool.work_pool, env, {"config_path": cfg}))
-    control = {"H3FLOW_CONFIG": cfg, "PREFECT_API_URL": config.prefect.api_url}
-    specs.append(DeploymentSpec("batch", "run", config.control_work_pool, control, {"config_path": cfg}))
+        specs.append(DeploymentSpec(flow, pool.name, pool.work_pool, cfg))
+    specs.append(DeploymentSpec("batch", "run", config.control_work_pool, cfg))
     if config.prefect.schedule:
         sched = config.prefect.schedule
-        specs.append(
-            DeploymentSpec(
-                "batch", "inbox", config.control_work_pool, control, {"config_path": cfg}, sched.cron, sched.timezone
-            )
-        )
+        specs.append(DeploymentSpec("batch", "inbox", config.control_work_pool, cfg, sched.cron, sched.timezone))
     return specs
 
 
@@ -60,21 +59,41 @@ def work_pools(config: LocalConfig) -> list[str]:
 
 
 def ensure_work_pools(config: LocalConfig) -> None:
+    """Every work pool of the ``h3flow`` type (one of another type, from an older h3flow, is made
+    again), each GPU pool's queue limited to AHEAD clips and its GPUs to one clip (a global
+    concurrency limit)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.client.schemas.actions import (
+        GlobalConcurrencyLimitCreate,
+        GlobalConcurrencyLimitUpdate,
+        WorkPoolCreate,
+    )
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+    from h3flow.pipeline.worker import H3flowWorker
+
+    template = H3flowWorker.get_default_base_job_template()
+    gpu_pools = {p.work_pool: p.name for p in config.pools}
     with get_client(sync_client=True) as client:
         for name in work_pools(config):
             try:
-                client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+                if client.read_work_pool(name).type != WORKER_TYPE:
+                    client.delete_work_pool(name)
+            except ObjectNotFound:
+                pass
+            try:
+                client.create_work_pool(WorkPoolCreate(name=name, type=WORKER_TYPE, base_job_template=template))
             except ObjectAlreadyExists:
                 pass
-            if name != config.control_work_pool:
-                try:
-                    client.create_work_queue(name=CLIPS_QUEUE, work_pool_name=name)
-                except ObjectAlreadyExists:
-                    pass
+            queue = client.read_work_queue_by_name("default", work_pool_name=name)
+            limit = AHEAD if name in gpu_pools else None
+            if queue.concurrency_limit != limit:
+                client.update_work_queue(queue.id, concurrency_limit=limit)
+        for pool in gpu_pools.values():
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=gpu_limit(pool), limit=1))
+            except ObjectAlreadyExists:
+                client.update_global_concurrency_limit(gpu_limit(pool), GlobalConcurrencyLimitUpdate(limit=1))
 
 
 def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
@@ -91,7 +110,10 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     from prefect import Flow
     from prefect.client.schemas.schedules import CronSchedule
 
+    from h3flow.pipeline.automations import ensure_silence_automation
+
     ensure_work_pools(config)
+    ensure_silence_automation()
     names = []
     for spec in deployment_specs(config, config_path):
         flow = cast(Flow[..., Any], Flow.from_source(source=str(SOURCE_DIR), entrypoint=ENTRYPOINTS[spec.flow]))
@@ -100,8 +122,8 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
             flow.deploy(
                 name=spec.name,
                 work_pool_name=spec.work_pool,
-                job_variables={"env": spec.env, "working_dir": str(SOURCE_DIR)},
                 parameters=spec.parameters,
+                tags=[H3FLOW_TAG],
                 schedules=schedules,
                 build=False,
                 push=False,
@@ -137,9 +159,9 @@ def prefect_yaml(config: LocalConfig, config_path: Path, source_dir: Path = SOUR
             f"- name: {q(spec.name)}",
             f"  entrypoint: {q(ENTRYPOINTS[spec.flow])}",
             f"  parameters: {q(spec.parameters)}",
+            f"  tags: {q([H3FLOW_TAG])}",
             "  work_pool:",
             f"    name: {q(spec.work_pool)}",
-            f"    job_variables: {q({'env': spec.env, 'working_dir': str(source_dir)})}",
         ]
         if spec.cron:
             lines += ["  schedules:", f"  - cron: {q(spec.cron)}", f"    timezone: {q(spec.timezone)}"]

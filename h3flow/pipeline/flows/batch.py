@@ -10,20 +10,25 @@ moving the file to ``done/`` or ``failed/`` with its run id.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Cancelled, State
 
 from h3flow.config.models import config_at
 from h3flow.core.batch import Batch, Clip, load_batch
-from h3flow.core.contracts import run_tag
+from h3flow.core.contracts import H3FLOW_TAG, run_tag
 from h3flow.core.errors import ConfigError
-from h3flow.core.fsutil import atomic_write_text
+from h3flow.core.fsutil import atomic_write_text, file_lock
+from h3flow.pipeline import stopping
 from h3flow.pipeline.artifacts import Progress, publish_plan, publish_report
 from h3flow.pipeline.dispatcher import Dispatcher, planner_chooser
 from h3flow.pipeline.flows.clip import config_path_or_env
+from h3flow.pipeline.lifecycle import move
 from h3flow.pipeline.manifest import (
     Manifest,
     ManifestWriter,
@@ -31,8 +36,10 @@ from h3flow.pipeline.manifest import (
     manifest_path,
     new_manifest,
     new_run_id,
+    run_dir,
     save_manifest,
 )
+from h3flow.pipeline.params import ResumePlan
 from h3flow.pipeline.plan import plan_for_manifest
 from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
 from h3flow.pipeline.run_report import write_run_report
@@ -43,9 +50,9 @@ def open_run(
     config_path: str,
     run_id: str | None,
     batch_file: str | None = None,
-    clips: list[dict[str, Any]] | None = None,
+    clips: list[Clip] | None = None,
     batch_name: str | None = None,
-    resume: dict[str, Any] | None = None,
+    resume: ResumePlan | None = None,
 ) -> Manifest:
     """The run's manifest: loaded (and brought up to date with ``resume``) when the run exists,
     created from the clips or the batch file otherwise. The dispatcher is its only writer."""
@@ -58,7 +65,7 @@ def open_run(
     if resume:
         raise ConfigError(f"nothing to resume: no manifest for run {run_id} in {config.runs_dir}")
     if clips is not None:
-        parsed = Batch(name=batch_name or "batch", clips=[Clip.model_validate(c) for c in clips])
+        parsed = Batch(name=batch_name or "batch", clips=clips)
     elif batch_file is not None:
         parsed = with_image_hashes(load_batch(Path(batch_file)))
     else:
@@ -68,12 +75,12 @@ def open_run(
     return manifest
 
 
-def apply_resume(manifest: Manifest, resume: dict[str, Any]) -> None:
+def apply_resume(manifest: Manifest, resume: ResumePlan) -> None:
     """Continue each clip from what ``resume`` verified on the hosts; unfinished clips get a fresh budget."""
-    resend = set(resume.get("resend", []))
-    for cid, state in resume.get("states", {}).items():
+    resend = set(resume.resend)
+    for cid, state in resume.states.items():
         rec = manifest.clips[cid]
-        rec.state = state
+        move(rec, state, cid)
         rec.retransfer = cid in resend
         if state != "delivered":
             rec.error, rec.failure, rec.attempts, rec.decode_attempts, rec.submissions = None, None, 0, 0, {}
@@ -87,19 +94,47 @@ def batch(
     batch: str | None = None,
     run_id: str | None = None,
     config_path: str | None = None,
-    clips: list[dict[str, Any]] | None = None,
+    clips: list[Clip] | None = None,
     batch_name: str | None = None,
-    resume: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Dispatch a batch over the pools (or process the inbox when no batch is given)."""
+    resume: ResumePlan | None = None,
+) -> dict[str, Any] | State[Any]:
+    """Dispatch a batch over the pools (or, given nothing, process the inbox).
+
+    Args:
+        batch: a batch file (JSON) on the dispatcher's host, as an absolute path
+        run_id: the run's id (default: made from the batch's name); an existing run continues
+        config_path: local.json on the dispatcher's host (default: $H3FLOW_CONFIG)
+        clips: the batch's clips, validated and with their images hashed (what `h3flow run` sends)
+        batch_name: the batch's name when its clips are given
+        resume: what `h3flow resume` verified on the hosts, per clip
+    """
     path = config_path_or_env(config_path)
     if batch is None and clips is None and run_id is None:
         return process_inbox(path)
+    config = config_at(path)
+    if run_id and manifest_path(config.runs_dir, run_id).exists():  # resumed: load it once we are its only dispatcher
+        with sole_dispatcher(config.runs_dir, run_id):
+            return run_batch(open_run(path, run_id, resume=resume), path)
     manifest = open_run(path, run_id, batch, clips, batch_name, resume)
-    return run_batch(manifest, path)
+    with sole_dispatcher(config.runs_dir, manifest.run_id):
+        return run_batch(manifest, path)
 
 
-def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -> dict[str, Any]:
+@contextlib.contextmanager
+def sole_dispatcher(runs_dir: str, run_id: str) -> Iterator[None]:
+    """One dispatcher writes a run's manifest at a time: an exclusive lock beside it, held for the
+    dispatcher's life (the kernel drops it if the process dies). ``resume`` starts a new dispatcher
+    only once Prefect says the old one is over; one that stalled and has not noticed yet keeps the
+    lock until it sees its run is over and stops, so its last writes come before the new one reads."""
+
+    def waiting() -> None:
+        get_run_logger().warning("run %s: an earlier dispatcher still holds it; waiting for it to stop", run_id)
+
+    with file_lock(run_dir(runs_dir, run_id) / "dispatcher.lock", waiting):
+        yield
+
+
+def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -> dict[str, Any] | State[Any]:
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
@@ -112,7 +147,7 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
     api = PrefectApi(parent_flow_run_id=own_id)
     try:
         if own_id:  # the inbox run keeps its name and gathers one tag per batch it runs
-            api.name_run(own_id, manifest.run_id if name_the_run else None, [run_tag(manifest.run_id)])
+            api.name_run(own_id, manifest.run_id if name_the_run else None, [run_tag(manifest.run_id), H3FLOW_TAG])
         logger.info("run %s: %d clips on %s", manifest.run_id, len(manifest.clips), config.topology)
         progress = Progress(manifest)
 
@@ -136,9 +171,11 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
             incarnation=(own_id or "local")[:8],
             own_flow_run_id=own_id,
             log=logger.info,
+            stop_requested=lambda: stopping.stop_reason(own_id),
         )
         result = dispatcher.run()
     finally:
+        manifest.dispatch_api_calls += api.calls
         api.close()
     paths = write_run_report(result, config)
     try:
@@ -156,6 +193,8 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
         paths["md"],
     )
     save_manifest(config.runs_dir, result)  # the final state, last: `wait` returns on it
+    if result.state == "cancelled":
+        return Cancelled(message=f"run {result.run_id} cancelled: `h3flow resume {result.run_id}` continues it")
     if result.state == "failed":
         raise RuntimeError(f"run {result.run_id} failed: {result.error or ', '.join(c.clip.id for c in result.failed)}")
     return {"run_id": result.run_id, "state": result.state, "delivered": len(result.delivered)}

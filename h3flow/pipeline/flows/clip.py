@@ -5,32 +5,39 @@ decoder host. ``decode-clip`` runs on the decoder: verify → decode → MP4. Ea
 publishes its :class:`~h3flow.pipeline.results.StageResult` rows as a table artifact —
 on failure too, with the failed stage's :class:`~h3flow.pipeline.results.FailureKind` —
 which is how the dispatcher on another host learns the outcome without shared storage
-(and what the UI shows).
+(and what the UI shows). A flow whose run was asked to stop (cancelled in Prefect) ends
+Cancelled at its next stage boundary (:mod:`h3flow.pipeline.stopping`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
+from prefect.states import Cancelled, State
 
-from h3flow.config.models import LocalConfig, config_at
+from h3flow.config.models import config_at
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import MAX_SUBMISSIONS
+from h3flow.core.contracts import gpu_limit
 from h3flow.core.errors import ConfigError, IntegrityError
 from h3flow.core.files import file_intact
-from h3flow.core.fsutil import atomic_path, file_lock
+from h3flow.core.fsutil import atomic_path
 from h3flow.engines import engine_for
+from h3flow.pipeline.params import Budget
 from h3flow.pipeline.results import StageResult, classify
+from h3flow.pipeline.stopping import StopRequested, checkpoint
 from h3flow.pipeline.tasks import keys, stages
 
-Budget = dict[str, int]  # stage -> submissions still allowed for this clip
+GPU_LEASE_S = 60.0  # Prefect's shortest lease: a holder that died frees the slot within about this long
+_in_process: dict[str, threading.Lock] = {}
+_in_process_guard = threading.Lock()
 
 
 def config_path_or_env(config_path: str | None) -> str:
@@ -41,10 +48,26 @@ def config_path_or_env(config_path: str | None) -> str:
 
 
 @contextlib.contextmanager
-def pool_lock(config: LocalConfig, pool: str) -> Iterator[None]:
-    """One clip at a time on a pool's devices, so a run queued ahead only hides start-up."""
-    host = config.pool(pool).host
-    with file_lock(Path(config.hosts[host].storage.root) / "locks" / f"{pool}.lock"):
+def gpu_slot(pool: str) -> Iterator[None]:
+    """One clip at a time on a pool's devices: a slot of the pool's global concurrency limit
+    (``h3flow-gpu-<pool>``, limit 1, on Prefect's Concurrency page).
+
+    Prefect hands a busy slot to a waiter by polling (HTTP 423 and a Retry-After of up to the
+    slot's average occupancy): seconds of idle GPU between clips. A pool's clips all run in
+    its worker's process, so they first queue on a lock here and take Prefect's slot only
+    once the previous clip has let it go: the acquire then succeeds on its first call. The
+    limit still holds across processes (a second worker on the pool waits for the slot).
+    """
+    from prefect.concurrency.sync import concurrency
+
+    with _in_process_guard:
+        local = _in_process.setdefault(pool, threading.Lock())
+    with (
+        local,
+        concurrency(
+            gpu_limit(pool), occupy=1, strict=True, lease_duration=GPU_LEASE_S, raise_on_lease_renewal_failure=False
+        ),
+    ):
         yield
 
 
@@ -57,8 +80,10 @@ class StageFailed(Exception):
 
 
 def run_stage(task: Any, results: Path, budget: Budget, stage: str, **params: Any) -> StageResult:
-    """Run a cached task within the clip's budget; a cache hit whose file is gone or damaged is recomputed."""
-    left = budget.get(stage, MAX_SUBMISSIONS)
+    """Run a cached task within the clip's budget, at a stage boundary (a stopped run stops here);
+    a cache hit whose file is gone or damaged is recomputed."""
+    checkpoint()
+    left = budget.left(stage)
     configured = task.with_options(
         result_storage=results, cache_policy=stages.host_cache(results), retries=max(0, left - 1)
     )
@@ -76,7 +101,8 @@ def run_stage(task: Any, results: Path, budget: Budget, stage: str, **params: An
 
 @contextlib.contextmanager
 def reported(kind: str, run_id: str, clip_id: str) -> Iterator[dict[str, StageResult]]:
-    """Collect a flow's stage results and publish them as its table artifact, also when a stage fails.
+    """Collect a flow's stage results and publish them as its table artifact, also when a stage fails
+    or the run is stopped.
 
     A failure adds a row for the failed stage with its kind and one-line reason; the
     exception still fails the flow run.
@@ -84,6 +110,8 @@ def reported(kind: str, run_id: str, clip_id: str) -> Iterator[dict[str, StageRe
     results: dict[str, StageResult] = {}
     try:
         yield results
+    except StopRequested:
+        raise
     except StageFailed as failed:
         results[failed.stage] = StageResult(stage=failed.stage, failure=classify(failed.cause), error=str(failed.cause))
         raise failed.cause from None
@@ -95,58 +123,73 @@ def reported(kind: str, run_id: str, clip_id: str) -> Iterator[dict[str, StageRe
         create_table_artifact(table=rows, description=f"h3flow {kind} · run {run_id} · clip {clip_id}")
 
 
+Outcome = dict[str, dict[str, Any]] | State[Any]
+"""A clip flow's return: its stage rows, or the Cancelled state it stopped in."""
+
+
 @flow(name="sample-clip", log_prints=True)
 def sample_clip(
     run_id: str,
-    clip: dict[str, Any],
+    clip: Clip,
     pool: str,
     decoder: str,
     config_path: str | None = None,
     retransfer: bool = False,
-    budget: Budget | None = None,
-) -> dict[str, dict[str, Any]]:
-    """encode → offload → sample → transfer for one clip on one sampler pool."""
+    budget: Budget = Budget(),
+) -> Outcome:
+    """encode → offload → sample → transfer for one clip on one sampler pool.
+
+    Args:
+        run_id: the h3flow run this clip belongs to
+        clip: the clip (prompt, image and its SHA-256, spec, seconds, seed)
+        pool: the sampler pool that runs it (its deployment's)
+        decoder: the decoder pool whose host receives the latent
+        config_path: local.json on this host (default: $H3FLOW_CONFIG)
+        retransfer: send the latent again even if the decoder is recorded as having it
+        budget: per stage, the prompt submissions still allowed for this clip
+    """
     path = config_path_or_env(config_path)
     config = config_at(path)
-    clip_ = Clip.model_validate(clip)
     pool_ = config.pool(pool)
     results = Path(config.hosts[pool_.host].storage.root) / "prefect-results"
-    budget = budget or {}
-    common = {"clip": clip, "pool": pool, "config_path": path}
-    with reported("sample-clip", run_id, clip_.id) as done:
-        engine_for(config, pool_.encoder_pool or pool)  # imports + weights load while the
-        engine_for(config, pool)  # pool's previous clip still holds the lock: start-up stays hidden
-        with pool_lock(config, pool):
-            done["encode"] = run_stage(
-                stages.encode, results, budget, "encode", key=keys.encode_key(clip_, config.model), **common
-            )
-            try:
-                done["offload"] = stages.offload(pool=pool, config_path=path)
-            except Exception as exc:
-                raise StageFailed("offload", exc) from exc
-            done["sample"] = run_stage(
-                stages.sample,
+    common = {"clip": clip.model_dump(mode="json"), "pool": pool, "config_path": path}
+    try:
+        with reported("sample-clip", run_id, clip.id) as done:
+            engine_for(config, pool_.encoder_pool or pool)  # warm in an h3flow worker: loaded when it started
+            engine_for(config, pool)
+            with gpu_slot(pool):
+                done["encode"] = run_stage(
+                    stages.encode, results, budget, "encode", key=keys.encode_key(clip, config.model), **common
+                )
+                try:
+                    done["offload"] = stages.offload(pool=pool, config_path=path)
+                except Exception as exc:
+                    raise StageFailed("offload", exc) from exc
+                done["sample"] = run_stage(
+                    stages.sample,
+                    results,
+                    budget,
+                    "sample",
+                    conditioning=done["encode"],
+                    key=keys.sample_key(clip, config.model, done["encode"].sha256 or ""),
+                    **common,
+                )
+            target = config.pool(decoder).host
+            transfer = stages.transfer.with_options(refresh_cache=True) if retransfer else stages.transfer
+            done["transfer"] = run_stage(
+                transfer,
                 results,
                 budget,
-                "sample",
-                conditioning=done["encode"],
-                key=keys.sample_key(clip_, config.model, done["encode"].sha256 or ""),
-                **common,
+                "transfer",
+                latent=done["sample"],
+                clip_id=clip.id,
+                pool=pool,
+                decoder=decoder,
+                config_path=path,
+                key=keys.transfer_key(done["sample"].sha256 or "", target, config.hosts[target].storage.root),
             )
-        target = config.pool(decoder).host
-        transfer = stages.transfer.with_options(refresh_cache=True) if retransfer else stages.transfer
-        done["transfer"] = run_stage(
-            transfer,
-            results,
-            budget,
-            "transfer",
-            latent=done["sample"],
-            clip_id=clip_.id,
-            pool=pool,
-            decoder=decoder,
-            config_path=path,
-            key=keys.transfer_key(done["sample"].sha256 or "", target, config.hosts[target].storage.root),
-        )
+    except StopRequested as stop:
+        return Cancelled(message=f"stopped at a stage boundary: {stop}")
     return {stage: r.row() for stage, r in done.items()}
 
 
@@ -157,9 +200,18 @@ def decode_clip(
     latent_sha256: str,
     decoder: str,
     config_path: str | None = None,
-    budget: Budget | None = None,
-) -> dict[str, dict[str, Any]]:
-    """verify → decode → MP4, delivered as ``<outputs>/<run_id>/<clip_id>.mp4``."""
+    budget: Budget = Budget(),
+) -> Outcome:
+    """verify → decode → MP4, delivered as ``<outputs>/<run_id>/<clip_id>.mp4``.
+
+    Args:
+        run_id: the h3flow run this clip belongs to
+        clip_id: the clip's id in its batch
+        latent_sha256: the latent to decode, in this decoder host's store
+        decoder: the decoder pool that runs it (its deployment's)
+        config_path: local.json on this host (default: $H3FLOW_CONFIG)
+        budget: per stage, the prompt submissions still allowed for this clip
+    """
     from h3flow.handoff.store import LatentStore
 
     path = config_path_or_env(config_path)
@@ -168,27 +220,30 @@ def decode_clip(
     storage = config.hosts[pool_.host].storage
     results = Path(storage.root) / "prefect-results"
     latent = LatentStore(Path(storage.root)).path_for(latent_sha256)
-    with reported("decode-clip", run_id, clip_id) as done:
-        if not file_intact(latent, latent_sha256):
-            latent.unlink(missing_ok=True)  # a damaged copy must be re-sent, never decoded
-            missing = IntegrityError(f"latent {latent_sha256[:12]} on {pool_.host} is missing or damaged")
-            raise StageFailed("decode", missing)
-        engine_for(config, decoder)  # start-up outside the lock, hidden behind the running decode
-        with pool_lock(config, decoder):
-            record = run_stage(
-                stages.decode,
-                results,
-                budget or {},
-                "decode",
-                latent_sha256=latent_sha256,
-                clip_id=clip_id,
-                decoder=decoder,
-                config_path=path,
-                key=keys.decode_key(latent_sha256, config.model),
-            )
-        final = Path(storage.outputs) / run_id / f"{clip_id}.mp4"
-        deliver(Path(record.path or ""), final, record.sha256 or "")
-        done["decode"] = record.model_copy(update={"path": str(final)})
+    try:
+        with reported("decode-clip", run_id, clip_id) as done:
+            if not file_intact(latent, latent_sha256):
+                latent.unlink(missing_ok=True)  # a damaged copy must be re-sent, never decoded
+                missing = IntegrityError(f"latent {latent_sha256[:12]} on {pool_.host} is missing or damaged")
+                raise StageFailed("decode", missing)
+            engine_for(config, decoder)
+            with gpu_slot(decoder):
+                record = run_stage(
+                    stages.decode,
+                    results,
+                    budget,
+                    "decode",
+                    latent_sha256=latent_sha256,
+                    clip_id=clip_id,
+                    decoder=decoder,
+                    config_path=path,
+                    key=keys.decode_key(latent_sha256, config.model),
+                )
+            final = Path(storage.outputs) / run_id / f"{clip_id}.mp4"
+            deliver(Path(record.path or ""), final, record.sha256 or "")
+            done["decode"] = record.model_copy(update={"path": str(final)})
+    except StopRequested as stop:
+        return Cancelled(message=f"stopped at a stage boundary: {stop}")
     return {stage: r.row() for stage, r in done.items()}
 
 
