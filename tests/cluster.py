@@ -33,6 +33,11 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, every
         time.sleep(every)
 
 
+SILENCE_S = 60.0
+"""The test clusters' silence automation: a flow run whose heartbeats (every 30 s) stop is Crashed
+after this long (75 s by default; the shortest that is safe is a little over one beat)."""
+
+
 @dataclass
 class Cluster:
     workdir: Path
@@ -48,7 +53,15 @@ class Cluster:
     def start(self) -> None:
         from h3flow.ops.lifecycle import start_services
 
-        start_services(self.config, self.config_path, console=quiet, timeout=120)
+        saved = os.environ.get("H3FLOW_SILENCE_S")
+        os.environ["H3FLOW_SILENCE_S"] = str(SILENCE_S)  # `start` deploys the automation with it
+        try:
+            start_services(self.config, self.config_path, console=quiet, timeout=120)
+        finally:
+            if saved is None:
+                os.environ.pop("H3FLOW_SILENCE_S")
+            else:
+                os.environ["H3FLOW_SILENCE_S"] = saved
 
     def stop(self) -> None:
         from h3flow.ops.lifecycle import stop_services

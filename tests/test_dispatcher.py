@@ -90,7 +90,11 @@ class FakePrefect:
 
     def states(self, run_ids: list[str]) -> dict[str, RunState]:
         own = {"batch-run": (self.batch, None)}
-        return {r: own[r] if r in own else (self.runs[r].state, self.runs[r].message) for r in run_ids if r in own or r in self.runs}
+        return {
+            r: own[r] if r in own else (self.runs[r].state, self.runs[r].message)
+            for r in run_ids
+            if r in own or r in self.runs
+        }
 
     def results(self, run_id: str) -> dict[str, StageResult]:
         return self.runs[run_id].results

@@ -88,21 +88,41 @@ def test_the_same_batch_again_is_served_from_the_cache(cluster: Cluster, tmp_pat
 
 
 def test_a_sampler_killed_mid_sample_still_delivers_every_clip(cluster: Cluster, tmp_path: Path) -> None:
-    batch = write_batch(tmp_path / "kill.json", [{"id": f"k{i}", "seed": 100 + i, "seconds": 4} for i in range(4)])
-    run_id = submit(cluster, batch)
-    wait_until(
-        lambda: any(
-            line["pool"] == "a0" and line["stage"] in ("encode", "sample") for line in cluster.journal("host-a")
-        ),
-        120,
-        "pool a0 to start a clip",
+    """Pool a0's worker dies mid-sample: Prefect reports the pool not ready, so what a0 had not
+    started goes to a1 at once; the clip it was sampling stops beating and Prefect's silence
+    automation marks it Crashed; the dispatcher sends that one again too."""
+    ids = [f"k{i}" for i in range(4)]
+    slow = {"spec": "sd", "seconds": 2, "steps": 24}  # seconds a sample: long enough to be caught mid-stage
+    run_id = submit(
+        cluster, write_batch(tmp_path / "kill.json", [{"id": c, "seed": 100 + i, **slow} for i, c in enumerate(ids)])
     )
+    on_a0: list[str] = []
+
+    def a0_sampling() -> bool:
+        on_a0[:] = [
+            line["clip"]
+            for line in cluster.journal("host-a")
+            if line["pool"] == "a0" and line["clip"] in ids and line["stage"] == "sample"
+        ]
+        return bool(on_a0)
+
+    wait_until(a0_sampling, 180, "pool a0 to start sampling a clip of this batch")
     kill_tree(cluster.pidfile_pid("h3-a0"))
     res = h3(cluster, "wait", run_id)
     assert res.returncode == 0, res.stdout + res.stderr
     manifest = load_manifest(cluster.config.runs_dir, run_id)
     assert len(manifest.delivered) == 4
-    assert any(rec.attempts > 1 for rec in manifest.clips.values()), "the killed pool's clip was re-routed"
+    victim = manifest.clips[on_a0[0]]
+    assert victim.attempts == 2 and victim.pool == "a1", "the clip a0 was sampling was sent again, to a1"
+    from h3flow.pipeline.prefect_api import prefect_api, run_flow_runs
+
+    with prefect_api(cluster.config):
+        runs = [
+            r
+            for r in run_flow_runs(cluster.config, run_id, manifest.flow_run_ids)
+            if r.clip == victim.clip.id and r.stage == "sample"
+        ]
+    assert sorted((r.pool, r.state) for r in runs) == [("a0", "CRASHED"), ("a1", "COMPLETED")], runs
     cluster.start()  # brings the dead worker back for the next tests
 
 

@@ -1,13 +1,13 @@
-"""Prefect's side of liveness: the automation that marks a silent h3flow flow run Crashed.
+"""Prefect's side of liveness: the automations that mark a silent h3flow flow run Crashed.
 
 Every h3flow flow run (tagged ``h3flow``) sends a heartbeat event every
 :data:`HEARTBEAT_S` seconds while it runs (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, which
-``h3flow start`` gives every worker). A run that was claimed (Pending), started, or beat
-and then says nothing more — no heartbeat, no end — for ``H3FLOW_SILENCE_S`` seconds
-is marked Crashed by this automation: its worker died, its host rebooted or froze, or
+``h3flow start`` gives every worker). A run that beat and then says nothing more — no
+heartbeat, no end — for ``H3FLOW_SILENCE_S`` seconds, or that a worker claimed and that
+never started, is marked Crashed by these automations: its worker died, its host rebooted or froze, or
 it ended while Prefect could not hear it. The dispatcher then sends its clip again
 (finished stages are cache hits), and ``resume`` may take over a crashed dispatcher.
-``h3flow deploy`` creates (or updates) it.
+``h3flow deploy`` creates (or updates) them.
 """
 
 from __future__ import annotations
@@ -20,52 +20,87 @@ from h3flow.core.contracts import H3FLOW_TAG
 
 HEARTBEAT_S = 30
 """Seconds between a flow run's heartbeats: Prefect's shortest (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
-NAME = "h3flow: a silent flow run is Crashed"
-LIVE = ("prefect.flow-run.Pending", "prefect.flow-run.Running", "prefect.flow-run.heartbeat")
-ENDED = tuple(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed", "Cancelling"))
+ENDED = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
+SILENT = "h3flow: a silent flow run is Crashed"
+NEVER_STARTED = "h3flow: a claimed flow run that never starts is Crashed"
 
 
-def silence_automation(silence_s: float) -> Any:
-    """The automation (a proactive trigger per flow run, and the state change it makes)."""
+def silence_automations(silence_s: float) -> list[Any]:
+    """Two proactive triggers per flow run, in the form Prefect documents for zombie flow runs:
+    after a heartbeat, the next one (or the run's end) within ``silence_s``; after a claim
+    (Pending), the start (or the end) within ``silence_s`` — a claim whose answer the worker
+    lost leaves a run Pending that nobody will start."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    return AutomationCore(
-        name=NAME,
-        description=(
-            f"An h3flow flow run that sends no heartbeat (every {HEARTBEAT_S} s) and does not end for "
-            f"{silence_s:g} s is marked Crashed: the dispatcher sends its clip again."
+    def automation(name: str, after: str, expect: set[str], what: str) -> Any:
+        return AutomationCore(
+            name=name,
+            description=f"An h3flow flow run that {what} for {silence_s:g} s is marked Crashed: its clip is sent again.",
+            trigger=EventTrigger(
+                match={"prefect.resource.id": "prefect.flow-run.*"},
+                match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{H3FLOW_TAG}"},
+                after={after},
+                expect=expect,
+                for_each={"prefect.resource.id"},
+                posture=Posture.Proactive,
+                threshold=1,
+                within=timedelta(seconds=silence_s),
+            ),
+            actions=[
+                ChangeFlowRunState(
+                    state=StateType.CRASHED,
+                    message=f"it {what} for {silence_s:g} s: its worker or host is gone (h3flow's silence automation)",
+                )
+            ],
+        )
+
+    return [
+        automation(
+            SILENT,
+            "prefect.flow-run.heartbeat",
+            {"prefect.flow-run.heartbeat", *ENDED},
+            f"sent no heartbeat (every {HEARTBEAT_S} s) and did not end",
         ),
-        trigger=EventTrigger(
-            match={"prefect.resource.id": "prefect.flow-run.*"},
-            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{H3FLOW_TAG}"},
-            after=set(LIVE),
-            expect={*LIVE[1:], *ENDED},
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=silence_s),
+        automation(
+            NEVER_STARTED,
+            "prefect.flow-run.Pending",
+            {"prefect.flow-run.Running", "prefect.flow-run.Cancelling", *ENDED},
+            "was claimed by a worker and did not start",
         ),
-        actions=[
-            ChangeFlowRunState(
-                state=StateType.CRASHED,
-                message=f"no heartbeat for {silence_s:g} s: its worker or host is gone (h3flow's silence automation)",
-            )
-        ],
-    )
+    ]
 
 
-def ensure_silence_automation() -> str:
-    """Create the automation, or bring the existing one up to date; returns its id."""
+def ensure_silence_automations() -> list[str]:
+    """Create the automations, or bring existing ones up to date; returns their ids.
+
+    One that is already as wanted is left alone: updating an automation makes Prefect
+    start its triggers afresh, forgetting the runs it was timing (a run that had just
+    fallen silent would never be marked Crashed) — and ``start`` deploys again whenever
+    it brings a worker back.
+    """
     from prefect.client.orchestration import get_client
 
-    wanted = silence_automation(settings().silence_s)
+    ids = []
     with get_client(sync_client=True) as client:
-        existing = client.read_automations_by_name(NAME)
-        for extra in existing[1:]:
-            client.delete_automation(extra.id)
-        if existing:
-            client.update_automation(existing[0].id, wanted)
-            return str(existing[0].id)
-        return str(client.create_automation(wanted))
+        for wanted in silence_automations(settings().silence_s):
+            existing = client.read_automations_by_name(wanted.name)
+            for extra in existing[1:]:
+                client.delete_automation(extra.id)
+            if not existing:
+                ids.append(str(client.create_automation(wanted)))
+                continue
+            if _spec(existing[0]) != _spec(wanted):
+                client.update_automation(existing[0].id, wanted)
+            ids.append(str(existing[0].id))
+    return ids
+
+
+def _spec(automation: Any) -> str:
+    """What an automation does, without the ids the server gives it."""
+    import json
+
+    fields = automation.model_dump(mode="json", include={"name", "description", "enabled", "trigger", "actions"})
+    fields["trigger"].pop("id", None)
+    return json.dumps(fields, sort_keys=True)

@@ -6,7 +6,7 @@ default queue holds ``AHEAD`` clips at a time, a global concurrency limit of 1 f
 GPUs (``h3flow-gpu-<pool>``, the Concurrency page) and a deployment
 (``sample-clip/<pool>`` or ``decode-clip/<decoder>``); the control pool and
 ``batch/run`` (and, when local.json has a schedule, the cron ``batch/inbox``); and the
-automation that marks a silent flow run Crashed (:mod:`h3flow.pipeline.automations`).
+automations that mark a silent flow run Crashed (:mod:`h3flow.pipeline.automations`).
 It writes the matching ``prefect.yaml``, so ``prefect deploy --all`` gives the same
 deployments.
 """
@@ -91,9 +91,10 @@ def ensure_work_pools(config: LocalConfig) -> None:
                 client.update_work_queue(queue.id, concurrency_limit=limit)
         for pool in gpu_pools.values():
             try:
+                if client.read_global_concurrency_limit_by_name(gpu_limit(pool)).limit != 1:
+                    client.update_global_concurrency_limit(gpu_limit(pool), GlobalConcurrencyLimitUpdate(limit=1))
+            except ObjectNotFound:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=gpu_limit(pool), limit=1))
-            except ObjectAlreadyExists:
-                client.update_global_concurrency_limit(gpu_limit(pool), GlobalConcurrencyLimitUpdate(limit=1))
 
 
 def deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
@@ -110,10 +111,10 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
     from prefect import Flow
     from prefect.client.schemas.schedules import CronSchedule
 
-    from h3flow.pipeline.automations import ensure_silence_automation
+    from h3flow.pipeline.automations import ensure_silence_automations
 
     ensure_work_pools(config)
-    ensure_silence_automation()
+    ensure_silence_automations()
     names = []
     for spec in deployment_specs(config, config_path):
         flow = cast(Flow[..., Any], Flow.from_source(source=str(SOURCE_DIR), entrypoint=ENTRYPOINTS[spec.flow]))
