@@ -10,6 +10,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.fsutil import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
+SLOW = {"spec": "sd", "seconds": 2, "steps": 24}
+"""Reference-model clips a few seconds a sample: long enough to be caught mid-stage."""
 quiet = Console(file=open(os.devnull, "w"), highlight=False)  # noqa: SIM115
 
 
@@ -67,6 +72,19 @@ class Cluster:
         from h3flow.ops.lifecycle import stop_services
 
         stop_services(self.config, self.config_path, console=quiet)
+
+    def h3(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """The real CLI against this cluster."""
+        env = {**os.environ, **self.env(), "COLUMNS": "200"}
+        return subprocess.run(
+            [H3FLOW, *args, "--config", str(self.config_path)], capture_output=True, text=True, env=env, timeout=timeout
+        )
+
+    def submit(self, batch: Path) -> str:
+        """``h3flow run BATCH --background``: the run id."""
+        res = self.h3("run", str(batch), "--background")
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout.strip().splitlines()[-1]
 
     def journal(self, host: str) -> list[dict]:
         path = Path(self.config.hosts[host].storage.root) / "journal.jsonl"

@@ -367,6 +367,7 @@ def worker_spec(
         "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_SECONDS),
         "PREFECT_WORKER_HEARTBEAT_SECONDS": str(WORKER_HEARTBEAT_SECONDS),
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+        "PREFECT_WORKER_ENABLE_CANCELLATION": "true",  # Cancelling runs reach the worker (events, else a poll)
         "H3FLOW_CONFIG": str(Path(config_path).resolve()),
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }

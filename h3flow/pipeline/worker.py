@@ -115,6 +115,10 @@ class H3flowWorker(BaseWorker[BaseJobConfiguration, BaseVariables, H3flowWorkerR
             final = await anyio.to_thread.run_sync(execute, flow, flow_run)
         finally:
             self._running.discard(run_id)
+        if final == "CANCELLING":  # asked to stop after its last boundary: it has ended, so it is cancelled
+            await self._mark_flow_run_as_cancelled(
+                flow_run, state_updates={"message": "cancelled: it ended before it could stop at a stage boundary"}
+            )
         return H3flowWorkerResult(identifier=f"{os.getpid()}:{run_id}", status_code=0 if final != "CRASHED" else 1)
 
     async def _flow_name(self, flow_run: FlowRun) -> str:

@@ -1,0 +1,175 @@
+"""The ``h3flow`` Prefect worker type and the runtime Prefect owns, against a real local cluster.
+
+Each GPU pool is a work pool of the ``h3flow`` type served by a worker that runs its
+flow runs in its own warm process; the pool's queue holds AHEAD clips, a global
+concurrency limit keeps its GPU stages to one clip; a cancelled clip stops at its next
+stage boundary; cancelling a batch run cancels its clips through Prefect's cascade; a
+claim that never starts is marked Crashed by the silence automations ``deploy`` made.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from cluster import SILENCE_S, SLOW, Cluster, make_cluster, wait_until, write_batch
+
+from h3flow.core.contracts import AHEAD, H3FLOW_TAG, WORKER_TYPE, gpu_limit
+from h3flow.pipeline.automations import NEVER_STARTED, SILENT
+from h3flow.pipeline.manifest import load_manifest
+from h3flow.pipeline.prefect_api import RunFlowRun, prefect_api, run_flow_runs
+
+pytestmark = pytest.mark.prefect
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = make_cluster(tmp_path_factory.mktemp("worker"))
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[Any]:
+    from prefect.client.orchestration import get_client
+
+    with prefect_api(cluster.config), get_client(sync_client=True) as c:
+        yield c
+
+
+def children(cluster: Cluster, run_id: str) -> list[RunFlowRun]:
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    return [r for r in run_flow_runs(cluster.config, run_id, manifest.flow_run_ids) if r.clip is not None]
+
+
+def test_prefect_holds_the_pools_their_limits_and_the_automations(cluster: Cluster, client: Any) -> None:
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    names = [p.work_pool for p in cluster.config.pools] + [cluster.config.control_work_pool]
+    wait_until(lambda: all(p.status.value == "READY" for p in client.read_work_pools(
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=names)))), 60, "every pool READY")  # fmt: skip
+    for name in names:
+        assert client.read_work_pool(name).type == WORKER_TYPE
+        limit = client.read_work_queue_by_name("default", work_pool_name=name).concurrency_limit
+        assert limit == (None if name == cluster.config.control_work_pool else AHEAD), name
+    for pool in cluster.config.pools:
+        assert client.read_global_concurrency_limit_by_name(gpu_limit(pool.name)).limit == 1
+    for name in (SILENT, NEVER_STARTED):
+        (automation,) = client.read_automations_by_name(name)
+        assert automation.enabled and automation.trigger.within.total_seconds() == SILENCE_S
+        assert automation.trigger.match_related.root == {
+            "prefect.resource.role": "tag",
+            "prefect.resource.id": f"prefect.tag.{H3FLOW_TAG}",
+        }
+
+
+def test_deploying_again_leaves_the_automations_alone(cluster: Cluster, client: Any) -> None:
+    """Updating an automation makes Prefect forget the runs it was timing: ``start`` deploys
+    whenever it brings a worker back, so an automation already right is never touched."""
+    from h3flow.pipeline.runs import deploy_everything
+
+    before = {a.name: a.model_dump(mode="json") for a in client.read_automations()}
+    os.environ["H3FLOW_SILENCE_S"] = str(SILENCE_S)
+    try:
+        deploy_everything(cluster.config_path)
+    finally:
+        os.environ.pop("H3FLOW_SILENCE_S")
+    assert {a.name: a.model_dump(mode="json") for a in client.read_automations()} == before
+
+
+def test_clips_run_in_their_pools_warm_worker_process(cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    run_id = cluster.submit(write_batch(tmp_path / "warm.json", [{"id": f"w{i}", "seed": 500 + i} for i in range(4)]))
+    assert cluster.h3("wait", run_id).returncode == 0
+    workers = {pool: cluster.pidfile_pid(f"h3-{pool}") for pool in ("a0", "a1", "b")}
+    lines = [line for host in ("host-a", "host-b") for line in cluster.journal(host) if line["clip"].startswith("w")]
+    assert lines and all(line["pid"] == workers[line["pool"]] for line in lines), (workers, lines)
+    for run in children(cluster, run_id):
+        flow_run = client.read_flow_run(UUID(run.id))
+        assert flow_run.infrastructure_pid == str(workers[run.pool]) and H3FLOW_TAG in flow_run.tags
+
+
+def test_a_cancelled_clip_stops_at_its_next_stage_boundary_and_is_sent_again(
+    cluster: Cluster, client: Any, tmp_path: Path
+) -> None:
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    long = {"spec": "hd", "seconds": 2, "steps": 24}  # a sample of 10-30 s: cancelled while it runs
+    run_id = cluster.submit(write_batch(tmp_path / "cancel-one.json", [{"id": "x0", "seed": 600, **long}]))
+    wait_until(lambda: any(j["clip"] == "x0" and j["stage"] == "sample" for j in cluster.journal("host-a")), 180,
+               "x0 to start sampling")  # fmt: skip
+    (first,) = [r for r in children(cluster, run_id) if r.stage == "sample"]
+    client.set_flow_run_state(UUID(first.id), State(type=StateType.CANCELLING, message="cancelled in the UI"))
+    assert cluster.h3("wait", run_id).returncode == 0
+    ended = client.read_flow_run(UUID(first.id)).state
+    assert ended.type.value == "CANCELLED" and "stage boundary" in (ended.message or ""), ended
+    transfers = [j for j in cluster.journal("host-a") if j["clip"] == "x0" and j["stage"] == "transfer"]
+    assert len(transfers) == 1, "the cancelled run stopped before its transfer; the second run made the one"
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert manifest.clips["x0"].state == "delivered" and manifest.clips["x0"].attempts == 2
+    assert cluster.invocations("sample", "x0") == 1, "the second run took the sample from the cache"
+
+
+def test_cancelling_the_batch_run_cancels_its_clips_through_prefect_and_resume_finishes(
+    cluster: Cluster, client: Any, tmp_path: Path
+) -> None:
+    """The UI's Cancel on the batch run alone: Prefect's cascade cancels the clip runs (subflow
+    runs of the batch run); the dispatcher stops and records the clips as cancelled."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    ids = [f"y{i}" for i in range(4)]
+    run_id = cluster.submit(
+        write_batch(tmp_path / "cancel-all.json", [{"id": c, "seed": 700 + i, **SLOW} for i, c in enumerate(ids)])
+    )
+    wait_until(lambda: any(j["clip"] in ids and j["stage"] == "sample" for j in cluster.journal("host-a")), 180,
+               "a sample to start")  # fmt: skip
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    client.set_flow_run_state(UUID(manifest.flow_run_ids[0]), State(type=StateType.CANCELLING))
+    assert cluster.h3("wait", run_id).returncode == 1
+
+    def all_over() -> bool:
+        return all(r.terminal for r in children(cluster, run_id))
+
+    wait_until(all_over, 120, "Prefect to cancel every clip run of the cancelled batch run", every=1)
+    states = {r.state for r in children(cluster, run_id)}
+    assert "CANCELLED" in states and states <= {"CANCELLED", "COMPLETED"}, states
+    manifest = load_manifest(cluster.config.runs_dir, run_id)
+    assert manifest.state == "cancelled"
+    assert {rec.state for rec in manifest.clips.values()} <= {"cancelled", "delivered"}
+    res = cluster.h3("resume", run_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(load_manifest(cluster.config.runs_dir, run_id).delivered) == 4
+
+
+def test_a_claim_that_never_starts_is_marked_crashed(cluster: Cluster, client: Any) -> None:
+    """A worker's Pending proposal that the server took but whose answer was lost: nobody starts
+    the run. Prefect's automation marks it Crashed, and a dispatcher sends its clip again."""
+    from prefect import flow
+    from prefect.states import Pending
+
+    stand_in = flow(name="sample-clip")(lambda: None)  # only its name reaches the server
+    run = client.create_flow_run(stand_in, name="claimed/z0 sample on a0", tags=[H3FLOW_TAG], state=Pending())
+
+    def crashed() -> bool:
+        state = client.read_flow_run(run.id).state
+        return state is not None and state.type.value == "CRASHED"
+
+    wait_until(crashed, SILENCE_S + 60, "the never-started claim to be marked Crashed", every=2)
+    assert "did not start" in (client.read_flow_run(run.id).state.message or "")
+
+
+def test_a_pool_whose_worker_stops_is_not_ready_then_ready_again(cluster: Cluster, client: Any) -> None:
+    def status() -> str:
+        return client.read_work_pool("h3-a1").status.value
+
+    os.kill(cluster.pidfile_pid("h3-a1"), signal.SIGKILL)
+    wait_until(lambda: status() == "NOT_READY", 60, "pool h3-a1 to be NOT_READY", every=1)
+    cluster.start()
+    wait_until(lambda: status() == "READY", 60, "pool h3-a1 to be READY again", every=1)
