@@ -425,7 +425,7 @@ def test_a_cluster_gets_postgresql_and_an_api_credential_the_embedded_default_ne
     raw["prefect"]["database"] = {"kind": "sqlite"}
     assert adapt(HostMap.model_validate(raw)).prefect.database.kind == "sqlite"  # type: ignore[union-attr]
     raw["prefect"]["auth"] = {"source": "prefect-secret", "name": "x"}
-    with pytest.raises(ValueError, match="cannot come from a Prefect Secret block"):
+    with pytest.raises(ValueError, match="can be read by anyone who reaches the API"):
         HostMap.model_validate(raw)
     local = adapt(local_host_map(tmp_path), work_dir=str(tmp_path))
     assert local.prefect.database is not None and local.prefect.database.kind == "sqlite"

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -33,9 +35,145 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# what decides which code a process loads: never set per host through the config
-LOADER_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+# what decides which code a process loads or which programs it runs: never set per host
+# through the config (services get PATH = the host's venv, then the system's)
+LOADER_VARIABLES = (
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "PYTHONEXECUTABLE",
+    "PYTHONINSPECT",
+    "PYTHONBREAKPOINT",
+    "PYTHONPLATLIBDIR",
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "IFS",
+    "GCONV_PATH",
+    "HOSTALIASES",
+)
 LOADER_PREFIXES = ("LD_", "DYLD_")
+# a name ssh and the resolver take as a host: DNS labels, or an IP literal (checked below)
+HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+SSH_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$")  # an ssh_config alias or a login: never an option
+# the system's own trees: h3flow writes (stores, runs, secrets) nowhere under them, except
+# in a folder of its own (/etc/h3flow/secrets is a fine home for the transfer secret)
+SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var/lib",
+)
+OWN_TREES = ("/etc/h3flow", "/var/lib/h3flow")
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``repr(text)`` cut to ``limit`` characters: an error names the value without echoing a megabyte."""
+    out = repr(text)
+    return out if len(out) <= limit else f"{out[: limit - 3]}..."
+
+
+def _no_control(text: str) -> None:
+    if found := CONTROL.search(text):
+        raise ValueError(f"{shown(text)} contains a control character ({found.group()!r})")
+
+
+def _check_path(path: str) -> str:
+    """An absolute path without ``..``: the same place on every host, whatever a process's
+    working directory (a relative ``storage.root`` or ``runs_dir`` meant a different
+    folder for each service, and ``../../etc`` a folder outside any of them)."""
+    _no_control(path)
+    if not path.startswith("/"):
+        raise ValueError(
+            f"{shown(path)} is not an absolute path: write it from / (it must mean the same folder "
+            "for every process on the host; ~ is not expanded)"
+        )
+    if ".." in path.split("/"):
+        raise ValueError(f"{shown(path)} has a '..' component: write the folder it means")
+    return path
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _check_writable_path(path: str) -> str:
+    """:func:`_check_path`, and not the filesystem root, a system tree or an ssh folder:
+    where h3flow writes (stores, outputs, runs, inbox, secrets)."""
+    _check_path(path)
+    clean = "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+    if clean == "/":
+        raise ValueError("'/' is the filesystem root: give a folder of h3flow's own")
+    if ".ssh" in clean.split("/"):
+        raise ValueError(f"{shown(path)} is inside an ssh folder: keep h3flow's files out of it")
+    system = next((t for t in SYSTEM_TREES if _inside(clean, t)), None)
+    if system and not any(_inside(clean, own) for own in OWN_TREES):
+        raise ValueError(
+            f"{shown(path)} is inside the system's {system}: h3flow writes only to folders of its own "
+            f"(e.g. /srv/h3flow/..., or {' or '.join(OWN_TREES)})"
+        )
+    return path
+
+
+def _check_address(address: str) -> str:
+    """One host's own address: an IP literal in its usual form, or a host name; never the
+    unspecified address (0.0.0.0 or ::, "every interface": a receiver bound there would
+    listen on all of them), a broadcast or multicast group, or text with spaces or options."""
+    _no_control(address)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is None:
+        if not HOST_NAME.match(address):
+            raise ValueError(
+                f"address {shown(address)} is neither an IP address nor a host name "
+                "(letters, digits, '-' and '.'; no spaces or options)"
+            )
+        try:  # the resolver reads "0", "0x0" or "127.1" as IPv4: only the usual form is accepted
+            packed = socket.inet_aton(address)
+        except OSError:
+            return address
+        raise ValueError(
+            f"address {shown(address)} is IPv4 {socket.inet_ntoa(packed)} in an unusual form: write that instead"
+        )
+    if ip.is_unspecified:
+        raise ValueError(
+            f"address {address} means every interface: give the host's own address on the link "
+            "(its receiver and ComfyUI listen there only)"
+        )
+    if ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")):
+        raise ValueError(f"address {address} is not one host's address (broadcast or multicast)")
+    return address
+
+
+def _check_ssh_name(name: str | None) -> str | None:
+    if name is not None and not SSH_NAME.match(name):
+        _no_control(name)
+        raise ValueError(
+            f"{shown(name)} is not an ssh host alias or login (letters, digits, '.', '_' and '-', "
+            "not starting with '-')"
+        )
+    return name
+
+
+Address = Annotated[str, AfterValidator(_check_address)]
+AbsPath = Annotated[str, AfterValidator(_check_path)]
+WritablePath = Annotated[str, AfterValidator(_check_writable_path)]
+SshName = Annotated[str | None, AfterValidator(_check_ssh_name)]
+SshAlias = Annotated[str, AfterValidator(_check_ssh_name)]
 
 
 def _strings(value: object) -> list[str]:
@@ -66,13 +204,15 @@ class Strict(BaseModel):
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for name in env:
         if not ENV_NAME.match(name):
+            _no_control(name)
             raise ValueError(
-                f"env name {name!r} is not a variable name (letters, digits and _, not starting with a digit)"
+                f"env name {shown(name)} is not a variable name (letters, digits and _, not starting with a digit)"
             )
         if name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES):
             raise ValueError(
-                f"env {name}: loader variables ({', '.join(LOADER_VARIABLES)}, LD_*, DYLD_*) would change the code "
-                "every h3flow process on the host loads; install libraries into the host's venv instead"
+                f"env {name}: loader variables (PATH, PYTHON* paths, shell start-up files, LD_*, DYLD_*) would "
+                "change the code or programs every h3flow process on the host runs; install into the host's "
+                "venv instead"
             )
     return env
 
@@ -96,6 +236,8 @@ def _check_cron(cron: str) -> str:
 
     from cronsim import CronSim, CronSimError
 
+    if len(cron.split()) != 5:  # Prefect (croniter) reads a sixth field as seconds, cronsim as a year
+        raise ValueError(f"{shown(cron)} is not a cron schedule (five fields: minute hour day month weekday)")
     try:
         CronSim(cron, datetime(2020, 1, 1))
     except CronSimError as exc:
@@ -133,21 +275,21 @@ class Gpu(Strict):
 
 
 class Storage(Strict):
-    root: str = Field(min_length=1, description="store root: latents/, conditioning/ live under it")
-    outputs: str | None = Field(None, description="where MP4s go (default: <root>/outputs)")
+    root: WritablePath = Field(min_length=1, description="store root: latents/, conditioning/ live under it")
+    outputs: WritablePath | None = Field(None, description="where MP4s go (default: <root>/outputs)")
 
 
 class Host(Strict):
     name: str = Field(pattern=NAME)
     description: str = ""
-    address: str = Field(min_length=1, description="internal address (the 10 GbE side)")
-    ssh_alias: str | None = None
-    user: str | None = None
+    address: Address = Field(min_length=1, description="internal address (the 10 GbE side)")
+    ssh_alias: SshName = None
+    user: SshName = None
     port: Port = 22
-    venv: str = Field(min_length=1)
-    comfy_dir: str | None = None
+    venv: AbsPath = Field(min_length=1)
+    comfy_dir: AbsPath | None = None
     comfy_port: Port = 8188
-    raylight_dir: str | None = None
+    raylight_dir: AbsPath | None = None
     gpus: list[Gpu] = Field(default_factory=list)
     roles: list[Role] = Field(min_length=1)
     storage: Storage
@@ -175,11 +317,24 @@ class Link(Strict):
 
 
 class SecretSource(Strict):
-    """Where the transfer secret comes from; its value never goes into local.json."""
+    """Where a secret comes from on the host that uses it; its value never goes into
+    local.json, nor into Prefect (whose API anyone on the embedded default's machine can
+    read: no auth there), so a secret is only ever as readable as its 0600 file or the
+    owner's environment."""
 
-    source: Literal["env", "file", "prefect-secret"] = "env"
-    name: str = Field("H3FLOW_TRANSFER_SECRET", description="env variable or Prefect Secret block name")
-    path: str | None = Field(None, description="file holding the secret (source: file)")
+    source: Literal["env", "file"] = "env"
+    name: str = Field("H3FLOW_TRANSFER_SECRET", description="env variable (source: env)")
+    path: WritablePath | None = Field(None, description="file holding the secret, mode 0600 (source: file)")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _not_in_prefect(cls, value: object) -> object:
+        if value == "prefect-secret":
+            raise ValueError(
+                "a secret in a Prefect Secret block can be read by anyone who reaches the API (the embedded "
+                "default's has no auth): keep it in a 0600 file (source 'file') or the environment (source 'env')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _file_has_path(self) -> SecretSource:
@@ -198,7 +353,7 @@ class Transfer(Strict):
 class Schedule(Strict):
     cron: Annotated[str, AfterValidator(_check_cron)] = Field(min_length=9)
     timezone: Annotated[str, AfterValidator(_check_timezone)] = "UTC"
-    inbox: str = Field(min_length=1)
+    inbox: WritablePath = Field(min_length=1)
 
 
 class Database(Strict):
@@ -215,17 +370,9 @@ class Database(Strict):
     os_user: str = Field(
         "postgres", pattern=NAME, description="the system user PostgreSQL runs as when `start` runs as root"
     )
-    bin_dir: str | None = Field(
+    bin_dir: AbsPath | None = Field(
         None, description="where initdb and postgres are (default: Debian's /usr/lib/postgresql/<newest>/bin)"
     )
-
-    @model_validator(mode="after")
-    def _password_readable_by_hosts(self) -> Database:
-        if self.password is not None and self.password.source == "prefect-secret":
-            raise ValueError(
-                "the database password cannot come from a Prefect Secret block (the server needs it first)"
-            )
-        return self
 
 
 class PrefectSettings(Strict):
@@ -239,12 +386,6 @@ class PrefectSettings(Strict):
         description="basic-auth credential ('user:password') the cluster's API requires; config-adapt puts a "
         "file beside the transfer secret (none for the embedded default)",
     )
-
-    @model_validator(mode="after")
-    def _auth_readable_by_hosts(self) -> PrefectSettings:
-        if self.auth is not None and self.auth.source == "prefect-secret":
-            raise ValueError("prefect.auth cannot come from a Prefect Secret block (the API needs it first)")
-        return self
 
 
 class Model(Strict):
@@ -276,7 +417,9 @@ class HostMap(Strict):
     hosts: list[Host] = Field(min_length=1)
     links: list[Link] = Field(default_factory=list)
     transfer: Transfer = Transfer()
-    runs_dir: str = "runs"
+    runs_dir: WritablePath | None = Field(
+        None, description="where the dispatcher keeps run manifests (default: <main sampler host's store root>/runs)"
+    )
 
     @model_validator(mode="after")
     def _references_resolve(self) -> HostMap:
@@ -299,22 +442,22 @@ class HostMap(Strict):
 
 # --------------------------------------------------------------------------- local.json
 class ResolvedStorage(Strict):
-    root: str
-    latents: str
-    conditioning: str
-    outputs: str
+    root: WritablePath
+    latents: WritablePath
+    conditioning: WritablePath
+    outputs: WritablePath
 
 
 class ResolvedHost(Strict):
     name: str
     description: str
-    address: str
-    ssh_alias: str
-    user: str | None
+    address: Address
+    ssh_alias: SshAlias
+    user: SshName
     port: int
-    venv: str
-    comfy_dir: str | None
-    raylight_dir: str | None
+    venv: AbsPath
+    comfy_dir: AbsPath | None
+    raylight_dir: AbsPath | None
     roles: list[Role]
     gpus: list[Gpu]
     storage: ResolvedStorage
@@ -345,16 +488,16 @@ class Route(Strict):
     source: str
     target: str
     method: Literal["tcp", "sftp", "local"]
-    address: str
+    address: Address
     port: int
-    store_root: str
+    store_root: WritablePath
     rtt_ms: float
     gbit_s: float
 
 
 class Receiver(Strict):
     host: str
-    bind: str
+    bind: Address
     port: int
 
 
@@ -367,14 +510,14 @@ class LocalConfig(Strict):
     topology_canonical: str
     prefect: PrefectSettings
     model: Model
-    runs_dir: str
+    runs_dir: WritablePath
     hosts: dict[str, ResolvedHost]
     pools: list[Pool]
     routes: list[Route]
     receivers: list[Receiver]
     transfer: Transfer
     control_work_pool: str = Field("h3-control", description="work pool of the batch (dispatcher) deployments")
-    work_dir: str | None = Field(None, description="the embedded default's work dir")
+    work_dir: WritablePath | None = Field(None, description="the embedded default's work dir")
 
     @property
     def control_host(self) -> str:
@@ -409,14 +552,17 @@ def parse_model(model: type[BaseModel], raw: object, source: str) -> BaseModel:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a host map or local.json is a few KiB
+
+
 def load_host_map(path: Path) -> HostMap:
-    return parse_model(HostMap, load_json_file(path), str(path))  # type: ignore[return-value]
+    return parse_model(HostMap, load_json_file(path, MAX_CONFIG_BYTES), str(path))  # type: ignore[return-value]
 
 
 def load_local_config(path: Path = Path("local.json")) -> LocalConfig:
     if not Path(path).exists():
         raise ConfigError(f"{path}: no such file (run `h3flow config-adapt` first)")
-    return parse_model(LocalConfig, load_json_file(path), str(path))  # type: ignore[return-value]
+    return parse_model(LocalConfig, load_json_file(path, MAX_CONFIG_BYTES), str(path))  # type: ignore[return-value]
 
 
 @functools.lru_cache(maxsize=4)
