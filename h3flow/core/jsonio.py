@@ -7,6 +7,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
@@ -14,7 +15,7 @@ from h3flow.core.errors import ConfigError, one_line
 
 MAX_DEPTH = 64  # no h3flow file nests deeper than ~6; Python's parser gives up near 1000
 MAX_BYTES = 256 << 20  # what any JSON file h3flow reads may weigh (a bound, not a budget)
-SHOWN_PROBLEMS = 3  # an error lists this many problems, then how many more there are
+SHOWN_PROBLEMS = 10  # an error lists this many problems (12 lines at most), then how many more there are
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -36,7 +37,7 @@ def validation_problems(exc: ValidationError) -> list[str]:
 def capped_error(source: str, problems: Sequence[str], shown: int = SHOWN_PROBLEMS) -> ConfigError:
     """One error for ``problems``: a single one on its line; several as a count, the first
     ``shown`` one per line, then how many more (a 100k-clip batch with a typo in every clip
-    is five lines, not 100k)."""
+    is twelve lines, not 100k)."""
     if len(problems) == 1:
         return ConfigError(f"{source}: {problems[0]}")
     rest = len(problems) - shown
@@ -67,6 +68,14 @@ def json_depth(value: object) -> int:
     return deepest
 
 
+def _read_at_most(handle: BinaryIO, limit: int) -> bytearray:
+    """Up to ``limit`` bytes, in 1 MiB reads (``read(limit)`` would allocate ``limit`` at once)."""
+    data = bytearray()
+    while len(data) < limit and (block := handle.read(min(1 << 20, limit - len(data)))):
+        data += block
+    return data
+
+
 def read_text_bounded(path: Path, max_bytes: int = MAX_BYTES) -> str:
     """A regular file's text, read only if it is at most ``max_bytes``.
 
@@ -83,13 +92,15 @@ def read_text_bounded(path: Path, max_bytes: int = MAX_BYTES) -> str:
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise ConfigError(f"{path!s:.200}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
             raise ConfigError(f"{path}: is a directory, not a JSON file")
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"{path}: is not a regular file (a device, pipe or socket?)")
+        if info.st_size > max_bytes:
+            raise ConfigError(f"{path}: larger than {max_bytes >> 20} MiB: not a file h3flow reads")
         try:
-            data = handle.read(max_bytes + 1)
+            data = _read_at_most(handle, max_bytes + 1)
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
