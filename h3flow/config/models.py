@@ -34,6 +34,7 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SURROGATE = re.compile("[\ud800-\udfff]")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # what decides which code a process loads or which programs it runs: never set per host
 # through the config (services get PATH = the host's venv, then the system's)
@@ -88,6 +89,8 @@ def shown(text: str, limit: int = 60) -> str:
 def _no_control(text: str) -> None:
     if found := CONTROL.search(text):
         raise ValueError(f"{shown(text)} contains a control character ({found.group()!r})")
+    if found := SURROGATE.search(text):  # JSON's "\ud800": no file, command line or UTF-8 file can hold it
+        raise ValueError(f"{shown(text)} contains a lone surrogate ({found.group()!r}), not text")
 
 
 def _check_path(path: str) -> str:
@@ -196,8 +199,7 @@ class Strict(BaseModel):
         """No NUL, newline or other control character in any path, name or value: they
         end up in file names, command lines and environments."""
         for text in _strings(value):
-            if found := CONTROL.search(text):
-                raise ValueError(f"{text!r} contains a control character ({found.group()!r})")
+            _no_control(text)
         return value
 
 

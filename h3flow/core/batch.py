@@ -39,8 +39,9 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF")  # what the encoders read
 MAX_IMAGE_PIXELS = 40_000_000  # an 8K frame (7680x4320, 33 Mpx) fits; it is scaled down to the spec anyway
 MAX_BATCH_BYTES = 64 << 20  # ~100k clips with long prompts; a batch file is never larger
 # C0 controls but tab and newline, DEL, C1 controls (CSI \x9b starts a terminal escape too),
-# and the invisible line separators and direction overrides that make text read differently
-UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# the invisible line separators and direction overrides that make text read differently, and
+# lone surrogates (JSON's "\ud800": text no UTF-8 encoder takes)
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -98,6 +99,10 @@ class Clip(BaseModel):
                 raise ValueError(f"image path is {len(value)} characters long (at most 4096)")
             if found := CONTROL.search(value):
                 raise ValueError(f"image path {shown(value)} holds a control character {found.group()!r}")
+            try:
+                os.fsencode(value)
+            except UnicodeEncodeError:
+                raise ValueError(f"image path {shown(value)} is not text a file name can hold") from None
             if not value.strip():
                 raise ValueError("image path is blank")
         return value
