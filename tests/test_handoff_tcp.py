@@ -35,6 +35,7 @@ from h3flow.handoff.transfer import send, send_with_retry
 from h3flow.pipeline.results import FailureKind, classify
 
 SECRET = b"correct horse battery staple 42"
+SECRET_ENV = "H3FLOW_TEST_SECRET"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -487,10 +488,21 @@ def test_the_receiver_never_listens_on_every_interface(tmp_path: Path, bind: str
 
 
 def test_the_receiver_command_refuses_every_interface_in_one_line(tmp_path: Path) -> None:
-    env = {**os.environ, "H3FLOW_TEST_SECRET": SECRET.decode()}
+    env = {**os.environ, SECRET_ENV: SECRET.decode()}
+    store = str(tmp_path / "store")
     done = subprocess.run(
-        [sys.executable, "-m", "h3flow.cli", "receiver", "--store", str(tmp_path / "store"), "--bind", "0.0.0.0:0"]
-        + ["--secret-env", "H3FLOW_TEST_SECRET"],
+        [
+            sys.executable,
+            "-m",
+            "h3flow.cli",
+            "receiver",
+            "--store",
+            store,
+            "--bind",
+            "0.0.0.0:0",
+            "--secret-env",
+            SECRET_ENV,
+        ],
         capture_output=True,
         text=True,
         env=env,

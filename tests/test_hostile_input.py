@@ -43,7 +43,14 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def clip(picture: Path, **fields: object) -> dict[str, object]:
-    return {"id": "c01", "prompt": "slow pan over a lake", "image": str(picture), "spec": "tiny", "seconds": 1, **fields}
+    return {
+        "id": "c01",
+        "prompt": "slow pan over a lake",
+        "image": str(picture),
+        "spec": "tiny",
+        "seconds": 1,
+        **fields,
+    }
 
 
 def write_batch(path: Path, *clips: dict[str, object]) -> Path:

@@ -260,7 +260,8 @@ def example_paths(node: object, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-TARGETS = example_paths(EXAMPLE) + [
+TARGETS = [
+    *example_paths(EXAMPLE),
     ("hosts", 0, "env"),
     ("hosts", 2, "env"),
     ("transfer", "secret", "path"),
@@ -294,8 +295,15 @@ SSH_NAMES = ["-oProxyCommand=x", "h3 -l root", "", "host-b", "h3", "a;b", "\x1b[
 KINDS = [
     ([("hosts", i, "address") for i in range(3)], ADDRESSES),
     (
-        [("hosts", 0, "storage", "root"), ("hosts", 2, "storage", "outputs"), ("hosts", 1, "venv")]
-        + [("hosts", 0, "comfy_dir"), ("runs_dir",), ("prefect", "schedule", "inbox"), ("transfer", "secret", "path")],
+        [
+            ("hosts", 0, "storage", "root"),
+            ("hosts", 2, "storage", "outputs"),
+            ("hosts", 1, "venv"),
+            ("hosts", 0, "comfy_dir"),
+            ("runs_dir",),
+            ("prefect", "schedule", "inbox"),
+            ("transfer", "secret", "path"),
+        ],
         PATHS,
     ),
     ([("hosts", i, field) for i in range(3) for field in ("ssh_alias", "user")], SSH_NAMES),
@@ -312,12 +320,10 @@ mutations = st.lists(st.one_of(targeted, anywhere), min_size=1, max_size=4)
 def apply(doc: dict, path: tuple, value: object, delete: bool) -> None:
     node: object = doc
     for key in path[:-1]:
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-        elif isinstance(node, list) and isinstance(key, int) and key < len(node):
-            node = node[key]
-        else:
+        there = key in node if isinstance(node, dict) else isinstance(node, list) and key < len(node)
+        if not there:
             return  # an earlier mutation replaced the way there
+        node = node[key]  # type: ignore[index]
     last = path[-1]
     if isinstance(node, dict):
         if delete:

@@ -58,7 +58,9 @@ LOADER_VARIABLES = (
 )
 LOADER_PREFIXES = ("LD_", "DYLD_")
 # a name ssh and the resolver take as a host: DNS labels, or an IP literal (checked below)
-HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
 SSH_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$")  # an ssh_config alias or a login: never an option
 # the system's own trees: h3flow writes (stores, runs, secrets) nowhere under them, except
 # in a folder of its own (/etc/h3flow/secrets is a fine home for the transfer secret)

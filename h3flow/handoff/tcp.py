@@ -167,8 +167,8 @@ class Receiver:
             raise H3FlowError(f"receiver cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         except (UnicodeError, ValueError) as exc:  # an address the resolver cannot even encode
             raise H3FlowError(f"receiver cannot listen on {host!r}: {exc}") from None
-        bound = self._server.server_address[0]
-        if ipaddress.ip_address(bound).is_unspecified:  # also "0" or a name that resolves to 0.0.0.0
+        bound = self.address[0]
+        if ipaddress.ip_address(bound.split("%")[0]).is_unspecified:  # also "0" or a name that resolves to 0.0.0.0
             self._server.server_close()
             raise H3FlowError(
                 f"receiver will not listen on every interface ({host!r} is {bound}): bind the decoder "
@@ -300,7 +300,9 @@ class Receiver:
             return True
         with self._reservation(size) as free:
             if free is not None:
-                log.warning("refused %s from %s: disk full (%d bytes free, %d kept)", sha[:12], peer, free, self.min_free)
+                log.warning(
+                    "refused %s from %s: disk full (%d bytes free, %d kept)", sha[:12], peer, free, self.min_free
+                )
                 send_frames(
                     sock,
                     {
