@@ -15,6 +15,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
+from h3flow.core.jsonio import shown
+
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SURROGATE = re.compile("[\ud800-\udfff]")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,12 +64,6 @@ SYSTEM_TREES = (
     "/var/lib",
 )
 OWN_TREES = ("/etc/h3flow", "/var/lib/h3flow")
-
-
-def shown(text: str, limit: int = 60) -> str:
-    """``repr(text)`` cut to ``limit`` characters: an error names the value without echoing a megabyte."""
-    out = repr(text)
-    return out if len(out) <= limit else f"{out[: limit - 3]}..."
 
 
 def no_control(text: str) -> None:

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from h3flow.config.fields import AbsPath, Address, Env, SshAlias, SshName, WritablePath, no_control, shown
+from h3flow.config.fields import AbsPath, Address, Env, SshAlias, SshName, WritablePath, no_control
 from h3flow.core.errors import ConfigError
-from h3flow.core.jsonio import format_validation_error, load_json_file
+from h3flow.core.jsonio import format_validation_error, load_json_file, shown
 
 NAME = r"^[a-z][a-z0-9-]{0,31}$"
 Role = Literal["encode", "sample", "decode"]

@@ -31,7 +31,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
-from h3flow.core.jsonio import capped_error, load_json_file, validation_problems
+from h3flow.core.jsonio import capped_error, load_json_file, shown, validation_problems
 from h3flow.core.specs import SPECS, Spec, frames_for_seconds, get_spec
 
 CLIP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -43,12 +43,6 @@ MAX_BATCH_BYTES = 64 << 20  # ~100k clips with long prompts; a batch file is nev
 # lone surrogates (JSON's "\ud800": text no UTF-8 encoder takes)
 UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def shown(value: object, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters: an error names the value without echoing a megabyte."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def check_printable(value: str, what: str) -> str:

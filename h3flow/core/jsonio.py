@@ -18,6 +18,12 @@ MAX_BYTES = 256 << 20  # what any JSON file h3flow reads may weigh (a bound, not
 SHOWN_PROBLEMS = 10  # an error lists this many problems (12 lines at most), then how many more there are
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error names the value without echoing a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _where(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
