@@ -25,6 +25,7 @@ from test_cli import make_config
 from h3flow.config.models import load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
+from h3flow.core.specs import get_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "host-map.example.json"
@@ -175,6 +176,12 @@ def test_an_image_under_the_cap_is_accepted(tmp_path: Path) -> None:
 def test_specs_are_case_insensitive(tmp_path: Path, image: Path, given: str, stored: str) -> None:
     """The README's tables say "SD" (issue 24, point 6)."""
     assert load_batch(write_batch(tmp_path / "b.json", clip(image, spec=given))).clips[0].spec == stored
+
+
+def test_every_reader_of_a_spec_takes_any_case() -> None:
+    assert get_spec("SD") is get_spec("sd") and get_spec("Hd") is get_spec("hd")
+    with pytest.raises(ConfigError, match="unknown spec '8K'"):
+        get_spec("8K")
 
 
 def test_an_unknown_spec_is_still_refused(tmp_path: Path, config: Path, image: Path) -> None:
