@@ -28,9 +28,10 @@ from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
 from h3flow.handoff.tcp import Receiver
 from h3flow.handoff.transfer import send
-from h3flow.pipeline.blocks import MIRRORED_SECRET
 from h3flow.pipeline.prefect_api import prefect_api
 from h3flow.pipeline.tasks.stages import destination_for
+
+MIRRORED_SECRET = "h3flow-transfer-secret"  # the block `deploy` used to copy the secret into
 
 # what an unauthenticated local process can list (POST .../filter), with secrets where the API has them
 LISTINGS = {
