@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -110,10 +112,22 @@ def test_a_secret_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> 
 
 
 def test_a_secret_path_that_is_a_device_reads_nothing(tmp_path: Path) -> None:
-    from h3flow.config.models import SecretSource
-
+    """In a child with 1 GiB of address space: a reader that read ``/dev/zero`` whole
+    would fail there, not take this machine's memory."""
     zero = tmp_path / "secrets" / "zero.key"
     zero.parent.mkdir()
     zero.symlink_to("/dev/zero")
-    with pytest.raises(ConfigError, match="is not a regular file"):
-        load_secret(SecretSource(source="file", path=str(zero)))
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from h3flow.config.models import SecretSource\n"
+        "from h3flow.config.secret import load_secret\n"
+        "from h3flow.core.errors import ConfigError\n"
+        "try:\n"
+        "    load_secret(SecretSource(source='file', path=sys.argv[1]))\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(zero)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == f"secret file: {zero} is not a regular file\n"
