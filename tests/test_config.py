@@ -344,8 +344,15 @@ def test_a_control_character_in_any_path_is_refused(
     assert not out.exists()
 
 
+# what decides the code or programs a service runs (issue 16; PATH and the shell's start-up
+# variables since issue 23)
+LOADERS = {"PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE"}
+LOADERS |= {"PYTHONINSPECT", "PYTHONBREAKPOINT", "PYTHONPLATLIBDIR", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS"}
+LOADERS |= {"IFS", "GCONV_PATH", "HOSTALIASES"}
+
+
 @settings(max_examples=80, deadline=None)
-@given(name=st.text(max_size=12), value=st.text(max_size=12))
+@given(name=st.text(max_size=12) | st.sampled_from(sorted(LOADERS)), value=st.text(max_size=12))
 def test_env_names_are_variable_names_and_never_loader_variables(name: str, value: str) -> None:
     import re
 
@@ -354,10 +361,8 @@ def test_env_names_are_variable_names_and_never_loader_variables(name: str, valu
     data = example()
     data["hosts"][0]["env"] = {name: value}
     ok_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
-    loader = name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE") or name.startswith(
-        ("LD_", "DYLD_")
-    )
-    clean = not any(ord(c) < 32 or ord(c) == 127 for c in name + value)
+    loader = name in LOADERS or name.startswith(("LD_", "DYLD_"))
+    clean = not any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) < 0xE000 for c in name + value)
     try:
         HostMap.model_validate(data)
         accepted = True
