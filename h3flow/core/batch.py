@@ -233,8 +233,11 @@ def load_batch(path: Path, *, check_images: bool = True) -> Batch:
         valid = _valid_clips(raw)
     resolved = {index: clip.model_copy(update={"image": (base / clip.image).resolve()}) for index, clip in valid}
     if check_images:
+        verdicts: dict[Path, str | None] = {}  # one header read per image, however many clips use it
         for index, clip in resolved.items():
-            why = image_problem(clip.image)
+            if clip.image not in verdicts:
+                verdicts[clip.image] = image_problem(clip.image)
+            why = verdicts[clip.image]
             if why:
                 problems.append(f"clips[{index}] {clip.id!r}: image {clip.image} {why}")
     if problems:
