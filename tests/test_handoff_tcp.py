@@ -4,10 +4,13 @@ the stream, a real size-limited tmpfs for "disk full", and the real `h3flow rece
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
+import pickle
+import shutil
 import signal
 import socket
 import struct
@@ -29,8 +32,10 @@ from h3flow.handoff.format import H3Latent, save_latent
 from h3flow.handoff.store import LatentStore
 from h3flow.handoff.tcp import CorruptedInFlight, Receiver, probe
 from h3flow.handoff.transfer import send, send_with_retry
+from h3flow.pipeline.results import FailureKind, classify
 
 SECRET = b"correct horse battery staple 42"
+SECRET_ENV = "H3FLOW_TEST_SECRET"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -342,6 +347,7 @@ def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef], relay_
         with pytest.raises(H3FlowError, match=r"decoder.*out of space") as caught:
             send(latents["sd"], dest_for(rec.address, store.root))
         assert not isinstance(caught.value, TransientError)
+        assert classify(caught.value) is FailureKind.RESOURCE
         assert store_is_empty(store)
         # 2. the disk fills up *during* the upload (another writer): ENOSPC mid-stream
         ref = latents["small"]
@@ -365,6 +371,7 @@ def test_decoder_disk_full(small_disk: Path, latents: dict[str, FileRef], relay_
         sender.join(30)
         error = outcome["result"]
         assert isinstance(error, H3FlowError) and "No space left" in str(error) and "decoder" in str(error)
+        assert classify(error) is FailureKind.RESOURCE  # full, not the operator's input (issue 23, point 5)
         assert store_is_empty(store)
         ballast.unlink()
         assert send(ref, dest_for(rec.address, store.root)).sha256 == ref.sha256
@@ -444,3 +451,64 @@ def test_a_damaged_object_is_reported_not_taken_for_the_latent(receiver: Receive
     receiver.store.verify(quarantine=True)
     assert send(ref, dest).size == ref.size
     assert hashlib.sha256(remote.path.read_bytes()).hexdigest() == ref.sha256
+
+
+def test_a_store_short_of_its_reserve_is_a_resource_failure_that_says_so(
+    tmp_path: Path, latents: dict[str, FileRef]
+) -> None:
+    """The disk has more free space than the latent needs, but not the receiver's reserve
+    on top: the refusal is ``resource`` (never retried, never "your input") and names the
+    reserve, so "0.8 MiB needed, 40 GiB free" is no longer a riddle (issue 23, point 5)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    reserve = shutil.disk_usage(store).free  # everything free is reserved: no latent fits
+    ref = latents["small"]
+    with Receiver(store, secret=SECRET, min_free=reserve) as rec:
+        with pytest.raises(H3FlowError, match="out of space") as caught:
+            send(ref, dest_for(rec.address, store))
+        assert store_is_empty(rec.store)
+    error = caught.value
+    assert classify(error) is FailureKind.RESOURCE and not isinstance(error, TransientError)
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    text = str(error)
+    assert text.startswith(f"the latent receiver on decoder ({rec.address[0]}:{rec.address[1]}) is out of space:")
+    assert f"the latent needs {ref.size / 2**20:.1f} MiB" in text
+    assert f"the receiver keeps {reserve / 2**20:.1f} MiB free (--min-free)" in text
+    assert text.endswith("free space there and `h3flow resume`") and "\n" not in text
+    again = pickle.loads(pickle.dumps(error))  # a Prefect result round trip keeps kind and message
+    assert type(again) is type(error) and str(again) == text and classify(again) is FailureKind.RESOURCE
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "0"])
+def test_the_receiver_never_listens_on_every_interface(tmp_path: Path, bind: str) -> None:
+    """Whatever the config or the command line says (issue 23, point 3): 0.0.0.0, :: and
+    the resolver's "0" are refused, and nothing is left listening."""
+    with pytest.raises(H3FlowError, match="will not listen on every interface"):
+        Receiver(tmp_path / "store", bind, 0, secret=SECRET)
+
+
+def test_the_receiver_command_refuses_every_interface_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, SECRET_ENV: SECRET.decode()}
+    store = str(tmp_path / "store")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "h3flow.cli",
+            "receiver",
+            "--store",
+            store,
+            "--bind",
+            "0.0.0.0:0",
+            "--secret-env",
+            SECRET_ENV,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: receiver will not listen on every interface")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

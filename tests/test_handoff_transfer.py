@@ -91,6 +91,10 @@ def test_secret_from_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert secret_from_options("H3_TEST_SECRET") == b"from-env"
     secret_file = tmp_path / "secret"
     secret_file.write_text("from-file\n")
+    secret_file.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"can be read by others \(mode 0644\): `chmod 600 "):
+        secret_from_options(file=secret_file)  # a secret others can read is no secret (issue 23)
+    secret_file.chmod(0o600)
     assert secret_from_options(file=secret_file) == b"from-file"
     assert secret_from_options() is None
     with pytest.raises(ConfigError, match="not both"):

@@ -149,7 +149,8 @@ def block_names(demo: Demo) -> set[str]:
 
 
 def test_start_made_the_blocks_and_deploy_uses_the_configs_server_never_home(demo: Demo, tmp_path: Path) -> None:
-    assert {"h3-host-a", "h3-host-b", "h3flow-transfer-secret"} <= block_names(demo)  # `start --local` made them
+    assert {"h3-host-a", "h3-host-b"} <= block_names(demo)  # `start --local` made them
+    assert "h3flow-transfer-secret" not in block_names(demo)  # the secret stays in its 0600 file (issue 23)
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # no PREFECT_API_URL in the shell
@@ -160,7 +161,7 @@ def test_start_made_the_blocks_and_deploy_uses_the_configs_server_never_home(dem
     assert done.returncode == 0, done.stdout + done.stderr
     assert "deployment batch/run" in done.stdout and "database is locked" not in done.stdout + done.stderr
     assert not (home / ".prefect").exists(), "deploy wrote to ~/.prefect"
-    assert {"h3-host-a", "h3-host-b", "h3flow-transfer-secret"} <= block_names(demo)
+    assert {"h3-host-a", "h3-host-b"} <= block_names(demo) and "h3flow-transfer-secret" not in block_names(demo)
 
     dead = json.loads(demo.config_path.read_text())
     dead["prefect"]["api_url"] = f"http://127.0.0.1:{_closed_port()}/api"

@@ -65,7 +65,8 @@ SPECS: dict[str, Spec] = {
 
 
 def get_spec(name: str) -> Spec:
+    """The spec called ``name``, in any case (the README's tables say "SD")."""
     try:
-        return SPECS[name]
-    except KeyError:
+        return SPECS[name.lower()]
+    except (KeyError, AttributeError):
         raise ConfigError(f"unknown spec {name!r} (known: {', '.join(SPECS)})") from None

@@ -243,7 +243,7 @@ def adapt(hm: HostMap, topology: str | None = None, *, work_dir: str | None = No
         topology_canonical=topo.canonical,
         prefect=resolve_prefect(hm, embedded=work_dir is not None),
         model=hm.model,
-        runs_dir=hm.runs_dir,
+        runs_dir=hm.runs_dir or f"{resolve_storage(main_sampler_host(hm).storage).root}/runs",
         hosts=hosts,
         pools=pools,
         routes=routes,

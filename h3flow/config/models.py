@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from h3flow.config.fields import AbsPath, Address, Env, SshAlias, SshName, WritablePath, no_control
 from h3flow.core.errors import ConfigError
-from h3flow.core.jsonio import format_validation_error, load_json_file
+from h3flow.core.jsonio import format_validation_error, load_json_file, shown
 
 NAME = r"^[a-z][a-z0-9-]{0,31}$"
 Role = Literal["encode", "sample", "decode"]
@@ -29,13 +30,6 @@ ENGINES: tuple[EngineName, ...] = ("local", "comfy")
 DatabaseKind = Literal["sqlite", "postgresql"]
 DATABASES: tuple[DatabaseKind, ...] = ("sqlite", "postgresql")
 Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# what decides which code a process loads: never set per host through the config
-LOADER_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
-LOADER_PREFIXES = ("LD_", "DYLD_")
 
 
 def _strings(value: object) -> list[str]:
@@ -58,26 +52,8 @@ class Strict(BaseModel):
         """No NUL, newline or other control character in any path, name or value: they
         end up in file names, command lines and environments."""
         for text in _strings(value):
-            if found := CONTROL.search(text):
-                raise ValueError(f"{text!r} contains a control character ({found.group()!r})")
+            no_control(text)
         return value
-
-
-def _check_env(env: dict[str, str]) -> dict[str, str]:
-    for name in env:
-        if not ENV_NAME.match(name):
-            raise ValueError(
-                f"env name {name!r} is not a variable name (letters, digits and _, not starting with a digit)"
-            )
-        if name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES):
-            raise ValueError(
-                f"env {name}: loader variables ({', '.join(LOADER_VARIABLES)}, LD_*, DYLD_*) would change the code "
-                "every h3flow process on the host loads; install libraries into the host's venv instead"
-            )
-    return env
-
-
-Env = Annotated[dict[str, str], AfterValidator(_check_env)]
 
 
 def _check_api_url(url: str) -> str:
@@ -96,6 +72,8 @@ def _check_cron(cron: str) -> str:
 
     from cronsim import CronSim, CronSimError
 
+    if len(cron.split()) != 5:  # Prefect (croniter) reads a sixth field as seconds, cronsim as a year
+        raise ValueError(f"{shown(cron)} is not a cron schedule (five fields: minute hour day month weekday)")
     try:
         CronSim(cron, datetime(2020, 1, 1))
     except CronSimError as exc:
@@ -133,21 +111,21 @@ class Gpu(Strict):
 
 
 class Storage(Strict):
-    root: str = Field(min_length=1, description="store root: latents/, conditioning/ live under it")
-    outputs: str | None = Field(None, description="where MP4s go (default: <root>/outputs)")
+    root: WritablePath = Field(min_length=1, description="store root: latents/, conditioning/ live under it")
+    outputs: WritablePath | None = Field(None, description="where MP4s go (default: <root>/outputs)")
 
 
 class Host(Strict):
     name: str = Field(pattern=NAME)
     description: str = ""
-    address: str = Field(min_length=1, description="internal address (the 10 GbE side)")
-    ssh_alias: str | None = None
-    user: str | None = None
+    address: Address = Field(min_length=1, description="internal address (the 10 GbE side)")
+    ssh_alias: SshName = None
+    user: SshName = None
     port: Port = 22
-    venv: str = Field(min_length=1)
-    comfy_dir: str | None = None
+    venv: AbsPath = Field(min_length=1)
+    comfy_dir: AbsPath | None = None
     comfy_port: Port = 8188
-    raylight_dir: str | None = None
+    raylight_dir: AbsPath | None = None
     gpus: list[Gpu] = Field(default_factory=list)
     roles: list[Role] = Field(min_length=1)
     storage: Storage
@@ -175,11 +153,24 @@ class Link(Strict):
 
 
 class SecretSource(Strict):
-    """Where the transfer secret comes from; its value never goes into local.json."""
+    """Where a secret comes from on the host that uses it; its value never goes into
+    local.json, nor into Prefect (whose API anyone on the embedded default's machine can
+    read: no auth there), so a secret is only ever as readable as its 0600 file or the
+    owner's environment."""
 
-    source: Literal["env", "file", "prefect-secret"] = "env"
-    name: str = Field("H3FLOW_TRANSFER_SECRET", description="env variable or Prefect Secret block name")
-    path: str | None = Field(None, description="file holding the secret (source: file)")
+    source: Literal["env", "file"] = "env"
+    name: str = Field("H3FLOW_TRANSFER_SECRET", description="env variable (source: env)")
+    path: WritablePath | None = Field(None, description="file holding the secret, mode 0600 (source: file)")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _not_in_prefect(cls, value: object) -> object:
+        if value == "prefect-secret":
+            raise ValueError(
+                "a secret in a Prefect Secret block can be read by anyone who reaches the API (the embedded "
+                "default's has no auth): keep it in a 0600 file (source 'file') or the environment (source 'env')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _file_has_path(self) -> SecretSource:
@@ -198,7 +189,7 @@ class Transfer(Strict):
 class Schedule(Strict):
     cron: Annotated[str, AfterValidator(_check_cron)] = Field(min_length=9)
     timezone: Annotated[str, AfterValidator(_check_timezone)] = "UTC"
-    inbox: str = Field(min_length=1)
+    inbox: WritablePath = Field(min_length=1)
 
 
 class Database(Strict):
@@ -215,17 +206,9 @@ class Database(Strict):
     os_user: str = Field(
         "postgres", pattern=NAME, description="the system user PostgreSQL runs as when `start` runs as root"
     )
-    bin_dir: str | None = Field(
+    bin_dir: AbsPath | None = Field(
         None, description="where initdb and postgres are (default: Debian's /usr/lib/postgresql/<newest>/bin)"
     )
-
-    @model_validator(mode="after")
-    def _password_readable_by_hosts(self) -> Database:
-        if self.password is not None and self.password.source == "prefect-secret":
-            raise ValueError(
-                "the database password cannot come from a Prefect Secret block (the server needs it first)"
-            )
-        return self
 
 
 class PrefectSettings(Strict):
@@ -239,12 +222,6 @@ class PrefectSettings(Strict):
         description="basic-auth credential ('user:password') the cluster's API requires; config-adapt puts a "
         "file beside the transfer secret (none for the embedded default)",
     )
-
-    @model_validator(mode="after")
-    def _auth_readable_by_hosts(self) -> PrefectSettings:
-        if self.auth is not None and self.auth.source == "prefect-secret":
-            raise ValueError("prefect.auth cannot come from a Prefect Secret block (the API needs it first)")
-        return self
 
 
 class Model(Strict):
@@ -276,7 +253,9 @@ class HostMap(Strict):
     hosts: list[Host] = Field(min_length=1)
     links: list[Link] = Field(default_factory=list)
     transfer: Transfer = Transfer()
-    runs_dir: str = "runs"
+    runs_dir: WritablePath | None = Field(
+        None, description="where the dispatcher keeps run manifests (default: <main sampler host's store root>/runs)"
+    )
 
     @model_validator(mode="after")
     def _references_resolve(self) -> HostMap:
@@ -299,22 +278,22 @@ class HostMap(Strict):
 
 # --------------------------------------------------------------------------- local.json
 class ResolvedStorage(Strict):
-    root: str
-    latents: str
-    conditioning: str
-    outputs: str
+    root: WritablePath
+    latents: WritablePath
+    conditioning: WritablePath
+    outputs: WritablePath
 
 
 class ResolvedHost(Strict):
     name: str
     description: str
-    address: str
-    ssh_alias: str
-    user: str | None
+    address: Address
+    ssh_alias: SshAlias
+    user: SshName
     port: int
-    venv: str
-    comfy_dir: str | None
-    raylight_dir: str | None
+    venv: AbsPath
+    comfy_dir: AbsPath | None
+    raylight_dir: AbsPath | None
     roles: list[Role]
     gpus: list[Gpu]
     storage: ResolvedStorage
@@ -345,16 +324,16 @@ class Route(Strict):
     source: str
     target: str
     method: Literal["tcp", "sftp", "local"]
-    address: str
+    address: Address
     port: int
-    store_root: str
+    store_root: WritablePath
     rtt_ms: float
     gbit_s: float
 
 
 class Receiver(Strict):
     host: str
-    bind: str
+    bind: Address
     port: int
 
 
@@ -367,14 +346,14 @@ class LocalConfig(Strict):
     topology_canonical: str
     prefect: PrefectSettings
     model: Model
-    runs_dir: str
+    runs_dir: WritablePath
     hosts: dict[str, ResolvedHost]
     pools: list[Pool]
     routes: list[Route]
     receivers: list[Receiver]
     transfer: Transfer
     control_work_pool: str = Field("h3-control", description="work pool of the batch (dispatcher) deployments")
-    work_dir: str | None = Field(None, description="the embedded default's work dir")
+    work_dir: WritablePath | None = Field(None, description="the embedded default's work dir")
 
     @property
     def control_host(self) -> str:
@@ -409,14 +388,17 @@ def parse_model(model: type[BaseModel], raw: object, source: str) -> BaseModel:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a host map or local.json is a few KiB
+
+
 def load_host_map(path: Path) -> HostMap:
-    return parse_model(HostMap, load_json_file(path), str(path))  # type: ignore[return-value]
+    return parse_model(HostMap, load_json_file(path, MAX_CONFIG_BYTES), str(path))  # type: ignore[return-value]
 
 
 def load_local_config(path: Path = Path("local.json")) -> LocalConfig:
     if not Path(path).exists():
         raise ConfigError(f"{path}: no such file (run `h3flow config-adapt` first)")
-    return parse_model(LocalConfig, load_json_file(path), str(path))  # type: ignore[return-value]
+    return parse_model(LocalConfig, load_json_file(path, MAX_CONFIG_BYTES), str(path))  # type: ignore[return-value]
 
 
 @functools.lru_cache(maxsize=4)

@@ -31,6 +31,7 @@ import contextlib
 import errno
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
+from h3flow.core.errors import H3FlowError, IntegrityError, TransientError, one_line
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import CHUNK, sha256_file
 from h3flow.handoff.destination import Destination, local_size, os_reason
@@ -164,6 +165,15 @@ class Receiver:
             self._server = _Server((host, port), self)
         except OSError as exc:
             raise H3FlowError(f"receiver cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        except (UnicodeError, ValueError) as exc:  # an address the resolver cannot even encode
+            raise H3FlowError(f"receiver cannot listen on {host!r}: {exc}") from None
+        bound = self.address[0]
+        if ipaddress.ip_address(bound.split("%")[0]).is_unspecified:  # also "0" or a name that resolves to 0.0.0.0
+            self._server.server_close()
+            raise H3FlowError(
+                f"receiver will not listen on every interface ({host!r} is {bound}): bind the decoder "
+                "host's own address on the link"
+            )
 
     @property
     def address(self) -> tuple[str, int]:
@@ -290,10 +300,19 @@ class Receiver:
             return True
         with self._reservation(size) as free:
             if free is not None:
-                log.warning("refused %s from %s: disk full (%d bytes free)", sha[:12], peer, free)
+                log.warning(
+                    "refused %s from %s: disk full (%d bytes free, %d kept)", sha[:12], peer, free, self.min_free
+                )
                 send_frames(
                     sock,
-                    {"ok": False, "kind": "disk_full", "error": f"store disk full: {size} bytes needed, {free} free"},
+                    {
+                        "ok": False,
+                        "kind": "disk_full",
+                        "error": room_needed(size, free, self.min_free),
+                        "needed": size,
+                        "free": free,
+                        "reserve": self.min_free,
+                    },
                 )
                 return True
             send_frames(sock, {"ok": True, "send": True})
@@ -485,6 +504,8 @@ def tcp_send(ref: FileRef, dest: Destination, timeout: float = 60.0) -> FileRef:
     try:
         with sock:
             _put(sock, ref, size, dest.secret, where)
+    except H3FlowError:
+        raise  # the receiver's answer, already explained (StoreFull is an OSError too)
     except (OSError, struct.error) as exc:
         raise TransientError(f"transfer of latent {ref.sha256[:12]} to the {where} failed: {os_reason(exc)}") from None
     except ProtocolError as exc:
@@ -555,10 +576,44 @@ def _stream_file(sock: socket.socket, path: Path, size: int) -> str:
     return str(result["sha"])
 
 
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def room_needed(size: int, free: int, reserve: int) -> str:
+    """Why a store has no room, with every number: the latent, the receiver's free-space
+    reserve (``--min-free``, 16 MiB by default) and what is free."""
+    return (
+        f"the latent needs {_mib(size)} and the receiver keeps {_mib(reserve)} free (--min-free), "
+        f"but {_mib(free)} is free"
+    )
+
+
+class StoreFull(H3FlowError, OSError):
+    """The decoder's store has no room for a latent: a ``resource`` failure (an OSError
+    with ENOSPC, so the pipeline never retries it; like :class:`WriteError`), whose
+    message names the receiver, the numbers and the fix."""
+
+    def __init__(self, where: str, why: str) -> None:
+        message = one_line(f"the {where} is out of space: {why}: free space there and `h3flow resume`")
+        OSError.__init__(self, errno.ENOSPC, message)
+        self.details = []
+        self.where, self.why, self.message = where, why, message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[type[StoreFull], tuple[str, str]]:  # pickles (Prefect results) round-trip
+        return StoreFull, (self.where, self.why)
+
+
 def _refusal(reply: dict[str, Any], where: str) -> H3FlowError:
     kind, error = reply.get("kind", "error"), str(reply.get("error", "no reason given"))[:300]
     if kind == "auth":
         return H3FlowError(f"the {where} refused the request: {error} (wrong shared secret?)")
     if kind == "disk_full":
-        return H3FlowError(f"the {where} is out of space: {error}: free space there and `h3flow resume`")
+        numbers = [reply.get(k) for k in ("needed", "free", "reserve")]
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            return StoreFull(where, room_needed(*numbers))  # type: ignore[arg-type]
+        return StoreFull(where, error)  # a receiver that ran out while writing (or an older one)
     return H3FlowError(f"the {where} refused the latent ({kind}): {error}")

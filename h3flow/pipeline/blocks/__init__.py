@@ -1,13 +1,17 @@
-"""Prefect blocks: one ``h3flow-host`` block per host, and the transfer secret.
+"""Prefect blocks: one ``h3flow-host`` block per host, and never a secret.
 
-They let the Prefect UI show the cluster as local.json describes it, and let hosts read
-the transfer secret from the server (secret source ``prefect-secret``).
+The host blocks let the Prefect UI show the cluster as local.json describes it. The
+transfer secret stays out of Prefect: its API has no auth on the embedded default, so
+anything in a block can be read by any local process (``POST /api/block_documents/filter``
+with ``include_secrets``). Each host reads the secret from the 0600 file or the
+environment its config names; :func:`remove_secret_block` deletes the copy an earlier
+``deploy`` made.
 """
 
 from __future__ import annotations
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from h3flow.config.models import LocalConfig
 
@@ -28,13 +32,8 @@ class H3Host(Block):
     work_pools: list[str] = Field(default_factory=list)
 
 
-class H3TransferSecret(Block):
-    """The shared secret the latent receiver and senders authenticate with."""
-
-    _block_type_name = "h3flow transfer secret"
-    _block_type_slug = "h3flow-transfer-secret"
-
-    value: SecretStr
+MIRRORED_SECRET = "h3flow-transfer-secret"
+"""The Secret block ``deploy`` used to copy the transfer secret into (until issue 23)."""
 
 
 def block_name(host: str) -> str:
@@ -58,18 +57,17 @@ def save_host_blocks(config: LocalConfig) -> list[str]:
     return names
 
 
-def save_secret_block(config: LocalConfig) -> str | None:
-    """Mirror the transfer secret into a Prefect Secret block (unless it already comes from one)."""
+def remove_secret_block(config: LocalConfig | None = None) -> bool:
+    """Delete the transfer secret's copy an earlier ``deploy`` left in Prefect; whether
+    there was one. Called by ``deploy``, so upgrading is enough to take it off the server."""
     from prefect.blocks.system import Secret
 
-    from h3flow.config.secret import load_secret
-    from h3flow.core.errors import ConfigError
-
-    if config.transfer.secret.source == "prefect-secret":
-        return None
     try:
-        value = load_secret(config.transfer.secret).decode()
-    except ConfigError:
-        return None
-    Secret(value=value).save("h3flow-transfer-secret", overwrite=True)
-    return "h3flow-transfer-secret"
+        Secret.delete(MIRRORED_SECRET)
+    except ValueError:  # Prefect's "Unable to find block document named ..."
+        return False
+    return True
+
+
+save_secret_block = remove_secret_block
+"""The name ``deploy_everything`` (h3flow/pipeline/runs.py) calls; it saves nothing any more."""
