@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from h3flow.config.encoders import assign_encoders
 from h3flow.config.models import (
@@ -359,12 +360,16 @@ def _local_database(work_dir: Path, base_port: int) -> Database:
     return Database(kind="postgresql", port=free_port_block(base_port, 1), password=password)
 
 
-def on_free_ports(config: LocalConfig, base_port: int) -> LocalConfig:
-    """The embedded default moved to a block of ports free right now (the first from
-    ``base_port``), everything else as it was: what ``start --local`` does when another
-    process holds its ports (another checkout's services, say) and none of its own run."""
+def on_free_ports(config: LocalConfig, base_port: int | None = None) -> LocalConfig:
+    """The embedded default moved to a block of ports free right now, everything else as
+    it was: what ``start --local`` does when another process holds its ports (another
+    checkout's services, say) and none of its own run. The block is the first free one from
+    ``base_port``, by default past the whole current block (the other checkout most likely
+    has the same one, ComfyUI and PostgreSQL ports included)."""
     if not config.work_dir:
         raise ConfigError("only the embedded default (a local.json with a work_dir) picks its own ports")
+    if base_port is None:
+        base_port = (urlsplit(config.prefect.api_url).port or 0) + LOCAL_PORTS + 1
     hm = host_map_of(config)
     first = free_port_block(base_port, LOCAL_PORTS)
     prefect_port, receiver_port, comfy_a, comfy_b = local_ports(first)

@@ -510,7 +510,7 @@ def start_local(
                 raise
             console.print(f"[yellow]![/] {escape(str(exc))}", soft_wrap=True)
             stop_services(config, config_path, console=Console(file=io.StringIO()))
-            moved = on_free_ports(config, exc.port + 1)
+            moved = on_free_ports(config)
             atomic_write_json(config_path, render(moved), private=True)
             console.print(
                 f"[yellow]![/] moved this config's services to free ports: Prefect API {moved.prefect.api_url} "

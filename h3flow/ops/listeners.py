@@ -108,7 +108,7 @@ def _describe(pid: int) -> Listener:
     command, cwd = "", ""
     with contextlib.suppress(OSError):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-        command = " ".join(a.decode(errors="replace") for a in argv)
+        command = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv)  # one line
     with contextlib.suppress(OSError):
         cwd = os.readlink(f"/proc/{pid}/cwd")
     return Listener(pid, command, cwd)
