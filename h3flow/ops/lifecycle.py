@@ -25,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.errors import ConfigError, H3FlowError
@@ -139,10 +140,7 @@ def wait_healthy(
                     pending.remove(state)
                     took = time.monotonic() - begin
                     how = f"{state.action} in {took:.1f} s" if state.spawned_at else "already running"
-                    console.print(
-                        f"[green]✓[/] {state.spec.name:<18} {how}, pid {proc.pid}: {state.detail}",
-                        soft_wrap=True,
-                    )
+                    print_fitted(console, f"✓ {state.spec.name:<18} {how}, pid {proc.pid}:", state.detail)
             if pending and time.monotonic() >= deadline:
                 for state in pending:  # leave no half-started process behind
                     if state.spawned_at is not None and state.proc.pid is not None:
@@ -154,6 +152,19 @@ def wait_healthy(
                 )
             if pending:
                 time.sleep(POLL)
+
+
+def print_fitted(console: Console, head: str, detail: str, indent: int = 21) -> None:
+    """``head detail`` on one line when it fits the console (80 columns in a log), else the
+    detail on the next line, indented: never a line the terminal wraps mid-word."""
+    mark, rest = head[:1], head[1:]
+    line = Text.assemble((mark, "green" if mark == "✓" else "yellow"), rest)
+    tail = Text(detail)  # verbatim: a detail may hold brackets
+    if line.cell_len + 1 + tail.cell_len <= console.width:
+        console.print(Text.assemble(line, " ", tail), soft_wrap=True)
+    else:
+        console.print(line, soft_wrap=True)
+        console.print(Text.assemble(" " * indent, tail), soft_wrap=True)
 
 
 def _confirm_own_ports(state: ServiceState, proc: Proc, runner: Runner) -> None:
@@ -379,7 +390,8 @@ def start_services(
             console.print(f"[green]✓[/] {'deployments':<18} created / updated")
         states += bring_up(rest, runner_for, timeout=timeout, console=console)
     ui = config.prefect.api_url.removesuffix("/api")
-    console.print(f"Prefect UI: {ui}   logs: {logs_where(config)}", soft_wrap=True)
+    console.print(Text(f"Prefect UI: {ui}"), soft_wrap=True)
+    console.print(Text(f"logs:       {logs_where(config)}"), soft_wrap=True)  # whole, however long
     return states
 
 
