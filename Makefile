@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.h3flow-installed
 
-.PHONY: venv system-deps demo test test-fast lint bench clean
+.PHONY: venv system-deps demo stop test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,17 @@ venv: $(STAMP)
 system-deps:
 	@bash scripts/install-system-deps.sh
 
+# The services keep running after `make demo`, so the UI link and `h3flow logs` work:
+# `make stop` ends them. `make demo KEEP=no` stops them at the end; DEMO_ARGS passes more
+# options (e.g. DEMO_ARGS="--database postgresql"; see `.venv/bin/h3flow demo --help`).
+KEEP      ?= yes
+DEMO_ARGS ?=
+
 demo: venv
-	$(VENV)/bin/h3flow demo
+	$(VENV)/bin/h3flow demo $(if $(filter yes,$(KEEP)),--keep) $(DEMO_ARGS)
+
+stop: venv
+	$(VENV)/bin/h3flow stop --local -c .h3flow/local.json
 
 test: venv system-deps
 	$(PY) -m pytest -q
@@ -40,4 +49,5 @@ bench: venv
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
+	if [ -f .h3flow/local.json ] && [ -x $(VENV)/bin/h3flow ]; then $(VENV)/bin/h3flow stop --local -c .h3flow/local.json; fi
 	rm -rf $(VENV) .h3flow .h3flow-comfy .pytest_cache .hypothesis

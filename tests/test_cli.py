@@ -403,3 +403,60 @@ def test_database_choice_goes_with_local_only(tmp_path: Path) -> None:
     ok = runner.invoke(app, ["config-adapt", "--local", "--database", "postgresql", "--workdir", str(tmp_path / "wd"), "-o", str(out)])  # fmt: skip
     assert ok.exit_code == 0, ok.output
     assert json.loads(out.read_text())["prefect"]["database"]["kind"] == "postgresql"
+
+
+# --------------------------------------------------------------------------- after `make demo`
+def test_a_run_that_delivered_nothing_reports_no_none(tmp_path: Path) -> None:
+    """report.md and status of a failed run: "0 clips/h", never "None clips/h" or "planned None s"."""
+    from h3flow.pipeline.manifest import load_manifest
+    from h3flow.pipeline.run_report import write_run_report
+
+    config_path = make_config(tmp_path / "wd")
+    config = load_local_config(config_path)
+    run_id = make_run(config_path)
+    manifest = load_manifest(config.runs_dir, run_id)
+    for rec in manifest.clips.values():
+        rec.state, rec.output, rec.error = "failed", None, "decoder host unreachable"
+    save_manifest(config.runs_dir, manifest)
+    paths = write_run_report(manifest, config)
+    report = paths["md"].read_text()
+    assert "None" not in report
+    assert "state **failed** · 0/3 delivered · makespan 60.0 s · 0 clips/h\n" in report
+    res = h3("status", run_id, "-c", str(config_path), "--no-links", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert res.returncode == 0, res.stderr
+    assert "None" not in res.stdout and "makespan 60.0 s · 0 clips/h\n" in res.stdout
+
+
+def test_open_without_a_server_says_how_to_start_it(tmp_path: Path) -> None:
+    config = make_config(tmp_path / ".h3flow")
+    run_id = make_run(config)
+    res = h3("open", run_id, "--no-browser", cwd=tmp_path)  # found as ./.h3flow/local.json: no -c
+    assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1
+    api = load_local_config(config).prefect.api_url
+    assert (
+        res.stderr
+        == f"error: the Prefect server at {api} does not answer: start the services with `{H3FLOW} start --local`\n"
+    )
+    res = h3("open", run_id, "no-such-clip", cwd=tmp_path)
+    assert res.returncode == 2 and "has no clip 'no-such-clip'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_command_in_a_fresh_terminal_prints_nothing_of_prefects_own(tmp_path: Path) -> None:
+    """In a terminal (not a pipe), on a machine where h3flow never ran (no ~/.cache): no
+    telemetry notice from Prefect's first import, no warning about its home folder."""
+    from pseudo_terminal import run_in_terminal
+
+    config = make_config(tmp_path / "wd")
+    run_id = make_run(config)
+    home = tmp_path / "home"
+    home.mkdir()
+    ci = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE", "CI_NAME")  # Prefect is quiet in CI
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "H3FLOW_")) and k not in ci}
+    env.pop("DO_NOT_TRACK", None)
+    env["HOME"] = str(home)
+    screen = run_in_terminal([H3FLOW, "status", run_id, "-c", str(config)], cwd=tmp_path, env=env)
+    assert screen.returncode == 0, screen.text
+    assert LONG_IDS[0] in screen.text and "no Prefect UI links" in screen.text  # it asked Prefect
+    assert "anonymous usage data" not in screen.text and "telemetry" not in screen.text
+    assert "Warning" not in screen.text, screen.text
+    assert not (home / ".prefect").exists()

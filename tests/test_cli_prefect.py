@@ -28,7 +28,7 @@ CLIPS = ["lake-sunrise-wide-0001", "lake-sunrise-wide-0002", "mountain-pass-at-d
 
 def make_flow_runs(prefect_server: PrefectServer, run_id: str) -> dict[str, str]:
     """The batch run (running, two log lines) and three children: running, scheduled, completed."""
-    from prefect import flow
+    from prefect import flow, task
     from prefect.client.schemas.actions import LogCreate
     from prefect.states import Completed, Running, Scheduled
 
@@ -49,16 +49,25 @@ def make_flow_runs(prefect_server: PrefectServer, run_id: str) -> dict[str, str]
             ids[clip] = str(run.id)
         other = client.create_flow_run(child_flow, name=f"{CLIPS[0]}·sample·a0", tags=[run_tag("another-run")])
         ids["other"] = str(other.id)
+        encode = client.create_task_run(task(name="encode")(lambda: None), UUID(ids[CLIPS[0]]), "0", name="encode-0")
         lines = [
-            (ids["batch"], f"{CLIPS[0]}: routed to a0 [pool 1/2]"),
-            (ids["batch"], f"{CLIPS[2]}: failed: pattern '^[a-z]$'"),
-            (ids[CLIPS[0]], "sampling 6 steps"),
-            (ids["other"], "not this run's"),
+            (ids["batch"], None, f"{CLIPS[0]}: routed to a0 [pool 1/2]"),
+            (ids["batch"], None, f"{CLIPS[2]}: failed: pattern '^[a-z]$'"),
+            (ids[CLIPS[0]], None, "sampling 6 steps"),
+            (ids[CLIPS[0]], encode.id, "Finished in state Completed()"),  # a task's line, as the UI shows it
+            (ids["other"], None, "not this run's"),
         ]
         client.create_logs(
             [
-                LogCreate(name="prefect.flow_runs", level=20, message=message, timestamp=_ts(i), flow_run_id=UUID(fid))
-                for i, (fid, message) in enumerate(lines)
+                LogCreate(
+                    name="prefect.task_runs" if task_run else "prefect.flow_runs",
+                    level=20,
+                    message=message,
+                    timestamp=_ts(i),
+                    flow_run_id=UUID(fid),
+                    task_run_id=task_run,
+                )
+                for i, (fid, task_run, message) in enumerate(lines)
             ]
         )
     manifest = load_manifest(prefect_server.config.runs_dir, run_id)  # the dispatcher records its own flow run
@@ -103,7 +112,15 @@ def test_logs_of_the_batch_run_and_of_one_clip(prefect_server: PrefectServer) ->
     res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(prefect_server.config_path), "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)["logs"]
-    assert [(line["flow_run"], line["message"]) for line in got] == [(f"{CLIPS[0]}·sample·a0", "sampling 6 steps")]
+    assert [(line["flow_run"], line["task_run"], line["message"]) for line in got] == [
+        (f"{CLIPS[0]}·sample·a0", None, "sampling 6 steps"),
+        (f"{CLIPS[0]}·sample·a0", "encode-0", "Finished in state Completed()"),
+    ]
+    res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(prefect_server.config_path)])
+    assert res.output.splitlines() == [  # the task's name, as the UI's log view shows it
+        f"12:00:02.000 INFO    {CLIPS[0]}·sample·a0: sampling 6 steps",
+        f"12:00:03.000 INFO    {CLIPS[0]}·sample·a0 › encode-0: Finished in state Completed()",
+    ]
     res = runner.invoke(app, ["logs", run_id, "no-such-clip", "-c", str(prefect_server.config_path)])
     assert res.exit_code == 2 and "has no clip 'no-such-clip'" in res.output
 

@@ -177,9 +177,44 @@ def test_a_port_taken_by_something_else_is_a_one_line_error(tmp_path: Path) -> N
         squatter.listen()
         with pytest.raises(H3FlowError) as err:
             start_services(config, path, deploy=None, console=quiet)
-    assert f"port {port} on 127.0.0.1 is in use by another process" in str(err.value)
+    # who holds it, so the user knows which checkout's services they are (here: this test)
+    assert f"port {port} on 127.0.0.1 is in use by pid {os.getpid()} (" in str(err.value)
     assert "\n" not in str(err.value)
     assert not list((Path(config.work_dir or "") / "services").glob("*.pid"))  # nothing was started
+
+
+def test_a_port_answered_by_another_process_is_not_taken_for_the_service(tmp_path: Path) -> None:
+    """Two starts at once: the port was free when checked, then another process took it
+    before this service bound it. Its health check passes against the other process; the
+    socket's owner says it is not this service, which is stopped."""
+    from h3flow.ops.lifecycle import PortTaken, ensure_started, wait_healthy
+
+    runner = LocalRunner()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    svc = ServiceSpec(
+        name="svc", kind="receiver", host="here", argv=(sys.executable, "-c", "import time; time.sleep(600)"),
+        env={}, cwd=str(tmp_path), log=str(tmp_path / "svc.log"), pidfile=str(tmp_path / "svc.pid"),
+        health=HttpHealth(f"http://127.0.0.1:{port}/", expect=None), binds=(("127.0.0.1", port),), stop_grace=5.0,
+    )  # fmt: skip
+    state = ensure_started(svc, runner)  # the port is free: it is spawned
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: check_health(svc.health)[0], what="the other process to answer")
+        with pytest.raises(PortTaken) as err:
+            wait_healthy([state], lambda _h: runner, timeout=30, console=quiet)
+    finally:
+        other.kill()
+        other.wait()
+    message = str(err.value)
+    assert f"svc: port {port} on 127.0.0.1 is answered by pid {other.pid} (" in message
+    assert f"http.server {port}" in message and f"not by the svc h3flow started (pid {state.proc.pid})" in message
+    assert "\n" not in message and err.value.port == port
+    assert not alive(state.proc.pid or 0) and not Path(svc.pidfile).exists()  # stopped, not left behind
 
 
 def test_a_service_that_dies_at_start_up_shows_its_log(tmp_path: Path) -> None:
@@ -418,6 +453,57 @@ def test_services_do_not_inherit_an_ignored_stop_signal(cluster: Cluster) -> Non
 def _status_field(pid: int, key: str) -> str:
     line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(key + ":"))
     return line.split(":", 1)[1].strip()
+
+
+@pytest.mark.prefect
+def test_another_work_dir_on_the_same_ports_gets_ports_of_its_own(cluster: Cluster, tmp_path: Path) -> None:
+    """Two checkouts' embedded defaults with the same ports (config-adapt picked them while
+    neither ran): the second `start` must not take the first's server for its own (its
+    workers then ran the first's flows); it moves to free ports. Once its own services run,
+    a port taken from under one of them is refused in one line that says what to do."""
+    a_pids = cluster.pids()
+    b_path = tmp_path / "local.json"
+    b_path.write_text(cluster.path.read_text().replace(str(cluster.config.work_dir), str(tmp_path / "wd")))
+    b_before = load_local_config(b_path)
+    assert b_before.prefect.api_url == cluster.config.prefect.api_url
+    try:
+        res = subprocess.run(
+            [H3FLOW, "start", "--local", "-c", str(b_path)], capture_output=True, text=True, timeout=300
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        b = load_local_config(b_path)
+        a_port, b_port = (int(c.prefect.api_url.split(":")[-1].split("/")[0]) for c in (cluster.config, b))
+        assert b_port != a_port and b.receivers[0].port != cluster.config.receivers[0].port
+        assert f"port {a_port} on 127.0.0.1 is in use by pid {a_pids['prefect-server']} (" in res.stdout
+        assert f"moved this config's services to free ports: Prefect API {b.prefect.api_url}" in res.stdout
+        b_specs = {s.name: s for s in local_specs(b, b_path)}
+        b_pids = {name: int(Path(s.pidfile).read_text()) for name, s in b_specs.items()}
+        assert set(b_pids.values()).isdisjoint(a_pids.values())
+        from h3flow.ops.listeners import foreign_holder
+
+        assert foreign_holder("127.0.0.1", b_port, b_pids["prefect-server"]) is None  # its own server answers
+        environ = Path(f"/proc/{b_pids['worker-h3-a0']}/environ").read_bytes().split(b"\0")
+        assert b"PREFECT_API_URL=" + b.prefect.api_url.encode() in environ  # its workers ask its server
+        assert check_health(WorkerHealth(b.prefect.api_url, "h3-a0", "h3-a0-worker"))[0]
+        assert cluster.pids() == a_pids and all(alive(pid) for pid in a_pids.values())  # the first is untouched
+
+        receiver = b_specs["receiver-host-b"]
+        LocalRunner().stop(receiver, b_pids["receiver-host-b"])
+        with socket.socket() as squatter:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", b.receivers[0].port))
+            squatter.listen()
+            res = subprocess.run(
+                [H3FLOW, "start", "--local", "-c", str(b_path)], capture_output=True, text=True, timeout=300
+            )
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+        assert f"port {b.receivers[0].port} on 127.0.0.1 is in use by pid {os.getpid()} (" in res.stderr
+        assert "prefect-server, worker-h3-a0" in res.stderr and "already run on its ports" in res.stderr
+        assert f"`h3flow stop --local -c {b_path}`, then `h3flow start --local -c {b_path}`" in res.stderr
+        assert load_local_config(b_path).prefect.api_url == b.prefect.api_url  # not moved under running services
+    finally:
+        stop_services(load_local_config(b_path), b_path, console=quiet)
+    assert cluster.pids() == a_pids and all(alive(pid) for pid in a_pids.values())
 
 
 @pytest.mark.prefect

@@ -8,8 +8,10 @@ come from :func:`fold_table`, so no id, state or path is ever cut short.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -172,6 +174,57 @@ def config_file(given: Path | None) -> Path:
         what = "is a directory, not a local.json" if path.is_dir() else "no such file"
         raise ConfigError(f"{where}: {what} (run `h3flow config-adapt` first)")
     return path
+
+
+# --------------------------------------------------------------------------- commands to print
+def invocation() -> str:
+    """How to type h3flow so that a command h3flow prints works as printed: ``h3flow`` when
+    that name on PATH is this h3flow, else the path it was called by — relative to here
+    when it is under here (``.venv/bin/h3flow`` after ``make demo``), else absolute."""
+    import shutil
+
+    called = _called_as()
+    on_path = shutil.which("h3flow")
+    with contextlib.suppress(OSError):
+        if on_path and Path(on_path).samefile(called):
+            return "h3flow"
+    return shell_path(called)
+
+
+def _called_as() -> Path:
+    import sys
+
+    called = Path(sys.argv[0])
+    return called if called.name == "h3flow" else Path(sys.prefix) / "bin" / "h3flow"  # or python -m h3flow.cli
+
+
+def shell_path(path: Path) -> str:
+    """``path`` as a shell word: relative to the working directory when under it, quoted if need be."""
+    import shlex
+
+    absolute = Path(os.path.abspath(path))  # keeps symlinks: a linked .venv stays .venv
+    try:
+        shown = str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(absolute)
+    return shlex.quote(shown)
+
+
+def config_flag(config_path: Path) -> str:
+    """`` -c PATH`` when a command typed here would not find ``config_path`` by itself, else ""."""
+    found = find_config(None)
+    with contextlib.suppress(OSError):
+        if found is not None and found.samefile(config_path):
+            return ""
+    return f" -c {shell_path(config_path)}"
+
+
+def activate_hint() -> str | None:
+    """How to put h3flow on PATH, when it is not (the venv's ``activate`` beside it)."""
+    if invocation() == "h3flow":
+        return None
+    activate = _called_as().parent / "activate"
+    return f"`source {shell_path(activate)}` puts h3flow on your PATH" if activate.is_file() else None
 
 
 # --------------------------------------------------------------------------- output

@@ -2,7 +2,9 @@
 
 config-adapt --local → start --local (Prefect server, workers, receiver) → run the
 example batch (6 clips, reference model) → wait with a progress bar → say where the
-MP4s, the Gantt chart and the report are → stop (unless ``--keep``).
+MP4s, the Gantt chart and the report are → stop (unless ``--keep``) → the commands
+that look at what it made, printed so that they work as printed (``.venv/bin/h3flow …``
+after ``make demo``, which keeps the services running).
 
 ``--engine comfy`` runs every stage in real local ComfyUI servers, one per pool
 (installed once, cached), in a work dir of its own (``.h3flow-comfy``).
@@ -61,17 +63,15 @@ def run_demo(
     database: str | None = None,
 ) -> int:
     from h3flow.cli.runs import finish, print_status, wait_for
-    from h3flow.config.models import load_local_config
-    from h3flow.ops.lifecycle import start_services, stop_services
+    from h3flow.ops.lifecycle import start_local, stop_services
     from h3flow.pipeline.prefect_api import ui_url
     from h3flow.pipeline.runs import start_run
 
     if not batch.exists():
         raise ConfigError(f"demo batch {batch} is missing")
     config_path = ensure_local_config(workdir, base_port, engine, database)
-    config = load_local_config(config_path)
     t0 = time.monotonic()
-    start_services(config, config_path, console=console)
+    config, _states = start_local(config_path, console=console)  # on other ports if another's hold these
     try:
         run_id = start_run(batch, config_path)
         console.print(Text.assemble("run id: ", (run_id, "bold")), soft_wrap=True)
@@ -84,21 +84,54 @@ def run_demo(
         for name, what in (("gantt.png", "gantt:   "), ("report.md", "report:  "), ("manifest.json", "manifest:")):
             if (run_dir / name).exists():
                 lines.append(f"{what} {run_dir / name}")
-        lines.append(f"Prefect UI: {ui_url(config)}")
-        if config.engine == "comfy":
+        if keep:  # a live link only: without --keep the server stops below
+            lines.append(f"Prefect UI: {ui_url(config)}")
+        if config.engine == "comfy" and keep:
             lines.append("ComfyUI:  " + ", ".join(f"{p.comfy_url} ({p.name})" for p in config.pools))
         lines.append(f"demo took {time.monotonic() - t0:.0f} s")
         for line in lines:  # whole lines, never cut or wrapped (a log keeps them copyable)
             console.print(Text(line), soft_wrap=True)
-        return code
+        next_run = manifest.run_id
     finally:
         if not keep:
             stop_services(config, config_path, console=console)
-        else:
-            console.print(
-                Text(f"services left running (--keep): stop them with `h3flow stop --local --config {config_path}`"),
-                soft_wrap=True,
-            )
+    print_next_steps(next_run, config_path, outputs, kept=keep)
+    return code
+
+
+def next_steps(run_id: str, config_path: Path, outputs: list[str], *, kept: bool) -> list[tuple[str, str]]:
+    """(what, command) to look at what a demo made; each command works as printed, from here."""
+    from h3flow.cli.base import config_flag, invocation, shell_path
+
+    h3, c = invocation(), config_flag(config_path)
+    steps = [] if kept else [("start", f"{h3} start --local{c}")]
+    steps += [
+        ("UI", f"{h3} open {run_id}{c}"),
+        ("status", f"{h3} status {run_id}{c}"),
+        *[("MP4s", f"ls {shell_path(Path(folder))}") for folder in outputs],
+        ("logs", f"{h3} logs {run_id}{c}"),
+        ("stop", f"{h3} stop --local{c}"),
+    ]
+    return steps
+
+
+def print_next_steps(run_id: str, config_path: Path, outputs: list[str], *, kept: bool) -> None:
+    """The demo's last lines: the commands that look at what it made, each short enough
+    for 80 columns and whole (never wrapped into two by rich)."""
+    from h3flow.cli.base import activate_hint
+
+    console.print()
+    if kept:
+        console.print(Text("Look at what it made (the services keep running):"), soft_wrap=True)
+    else:
+        console.print(
+            Text("Look at what it made (the services are stopped: the UI and logs need them):"), soft_wrap=True
+        )
+    for what, command in next_steps(run_id, config_path, outputs, kept=kept):
+        console.print(Text(f"  {what:<8}{command}"), soft_wrap=True)
+    hint = activate_hint()
+    if hint:
+        console.print(Text(hint), soft_wrap=True)
 
 
 @app.command(rich_help_panel=TRY_IT)

@@ -32,7 +32,7 @@ from h3flow.cli.base import (
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.manifest import ClipRecord, Manifest
 from h3flow.pipeline.prefect_api import RunProgress
-from h3flow.pipeline.run_report import summary
+from h3flow.pipeline.run_report import summary, throughput
 
 if TYPE_CHECKING:
     from h3flow.ops.lifecycle import ServiceState
@@ -144,9 +144,9 @@ def print_status(manifest: Manifest, links: dict[str, list[RunFlowRun]] | None =
             console.print(Text(f"{rec.state}{kind}: {cid}: {rec.error}", style="red"), soft_wrap=True)
     if manifest.error:
         console.print(Text(f"run error: {manifest.error}", style="red"), soft_wrap=True)
-    info = summary(manifest)
-    if info["makespan_s"]:
-        console.print(f"makespan {info['makespan_s']} s · {info['clips_per_hour']} clips/h")
+    how = throughput(summary(manifest), planned=False)
+    if how:
+        console.print(Text(how), soft_wrap=True)
     if links is not None:
         print_links(links, manifest)
 
@@ -394,7 +394,8 @@ def logs(
         console.print(f"no log lines in Prefect for {'clip ' + clip if clip else 'the batch run'} of {run_id}")
     for line in lines:
         stamp = line.timestamp[11:23]  # HH:MM:SS.mmm (UTC)
-        console.print(Text(f"{stamp} {line.level:<7} {line.flow_run}: {line.message}"), soft_wrap=True)
+        where = f"{line.flow_run} › {line.task_run}" if line.task_run else line.flow_run  # the UI's task names
+        console.print(Text(f"{stamp} {line.level:<7} {where}: {line.message}"), soft_wrap=True)
 
 
 @app.command(rich_help_panel=RUN)

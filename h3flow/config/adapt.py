@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from h3flow.config.encoders import assign_encoders
 from h3flow.config.models import (
@@ -275,6 +276,14 @@ def free_port_block(base: int, count: int) -> int:
     raise ConfigError(f"no {count} consecutive free ports from {base}")
 
 
+LOCAL_PORTS = 5  # the embedded default's block: Prefect, the receiver, ComfyUI a0 / a1 (host A), b (host B)
+
+
+def local_ports(first: int) -> tuple[int, int, int, int]:
+    """(Prefect API, receiver, host A's first ComfyUI, host B's ComfyUI) in a block from ``first``."""
+    return first, first + 1, first + 2, first + 4
+
+
 def local_host_map(
     work_dir: Path,
     base_port: int = 14200,
@@ -295,8 +304,8 @@ def local_host_map(
     import sys
 
     wd = work_dir.resolve()
-    first = free_port_block(base_port, 5)
-    prefect_port, receiver_port, comfy_a, comfy_b = first, first + 1, first + 2, first + 4
+    first = free_port_block(base_port, LOCAL_PORTS)
+    prefect_port, receiver_port, comfy_a, comfy_b = local_ports(first)
     cpu = [Gpu(index=0, model="cpu", vram_gb=1, arch="cpu"), Gpu(index=1, model="cpu", vram_gb=1, arch="cpu")]
     py_venv = venv or str(Path(sys.prefix))
 
@@ -320,7 +329,7 @@ def local_host_map(
         prefect=PrefectSettings(
             api_url=f"http://127.0.0.1:{prefect_port}/api",
             schedule=Schedule(cron="0 3 * * *", timezone="UTC", inbox=str(wd / "inbox")),
-            database=_local_database(wd, first + 5) if database == "postgresql" else None,
+            database=_local_database(wd, first + LOCAL_PORTS) if database == "postgresql" else None,
         ),
         model=Model(
             kind="reference",
@@ -349,6 +358,30 @@ def _local_database(work_dir: Path, base_port: int) -> Database:
     """PostgreSQL for the embedded default: a free loopback port, its password in the work dir's secrets."""
     password = SecretSource(source="file", name="postgres", path=str(work_dir / "secrets" / DB_PASSWORD_FILE))
     return Database(kind="postgresql", port=free_port_block(base_port, 1), password=password)
+
+
+def on_free_ports(config: LocalConfig, base_port: int | None = None) -> LocalConfig:
+    """The embedded default moved to a block of ports free right now, everything else as
+    it was: what ``start --local`` does when another process holds its ports (another
+    checkout's services, say) and none of its own run. The block is the first free one from
+    ``base_port``, by default past the whole current block (the other checkout most likely
+    has the same one, ComfyUI and PostgreSQL ports included)."""
+    if not config.work_dir:
+        raise ConfigError("only the embedded default (a local.json with a work_dir) picks its own ports")
+    if base_port is None:
+        base_port = (urlsplit(config.prefect.api_url).port or 0) + LOCAL_PORTS + 1
+    hm = host_map_of(config)
+    first = free_port_block(base_port, LOCAL_PORTS)
+    prefect_port, receiver_port, comfy_a, comfy_b = local_ports(first)
+    comfy = {"host-a": comfy_a, "host-b": comfy_b}
+    hosts = [h.model_copy(update={"comfy_port": comfy.get(h.name, h.comfy_port)}) for h in hm.hosts]
+    database = hm.prefect.database
+    if database is not None and database.kind == "postgresql":
+        database = database.model_copy(update={"port": free_port_block(first + LOCAL_PORTS, 1)})
+    prefect = hm.prefect.model_copy(update={"api_url": f"http://127.0.0.1:{prefect_port}/api", "database": database})
+    transfer = hm.transfer.model_copy(update={"port": receiver_port})
+    moved = hm.model_copy(update={"hosts": hosts, "prefect": prefect, "transfer": transfer})
+    return adapt(moved, config.topology, work_dir=config.work_dir)
 
 
 def host_map_of(config: LocalConfig) -> HostMap:

@@ -25,10 +25,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import file_lock
+from h3flow.ops.listeners import foreign_holder, port_holders
 from h3flow.ops.services import (
     HttpHealth,
     LocalRunner,
@@ -73,7 +75,24 @@ def default_deploy(config: LocalConfig, config_path: Path) -> None:
     deploy_everything(config_path, config)
 
 
+class PortTaken(H3FlowError):
+    """A port a service must listen on is held, or answered, by a process this start did not make."""
+
+    def __init__(self, message: str, address: str, port: int) -> None:
+        super().__init__(message)
+        self.address, self.port = address, port
+
+
 # --------------------------------------------------------------------------- the building blocks
+def _holder(runner: Runner, address: str, port: int) -> str:
+    """Who holds a port, when this machine can tell (``port_holders``); else "another process"."""
+    if isinstance(runner, LocalRunner):
+        found = port_holders(address, port)
+        if found:
+            return found[0].describe()
+    return "another process"
+
+
 def ensure_started(spec: ServiceSpec, runner: Runner) -> ServiceState:
     """Leave a running service alone; otherwise clear a stale PID file and spawn it."""
     proc = runner.inspect(spec)
@@ -83,9 +102,11 @@ def ensure_started(spec: ServiceSpec, runner: Runner) -> ServiceState:
         runner.forget(spec)
     for address, port in spec.binds:
         if not runner.port_free(address, port):
-            raise H3FlowError(
-                f"{spec.name}: port {port} on {address} is in use by another process (not one h3flow started); "
-                "stop it, or rerun `h3flow config-adapt --local` to pick free ports"
+            raise PortTaken(
+                f"{spec.name}: port {port} on {address} is in use by {_holder(runner, address, port)}, "
+                "not by a service of this config",
+                address,
+                port,
             )
     action = "restarted" if proc.stale else "started"
     proc = runner.spawn(spec)
@@ -111,16 +132,15 @@ def wait_healthy(
                 proc = runner.inspect(state.spec)
                 if not proc.running:
                     runner.forget(state.spec)
+                    _taken_meanwhile(state.spec, runner)
                     raise H3FlowError(f"{state.spec.name} exited while starting; {_log_excerpt(state.spec, runner)}")
                 state.healthy, state.detail = check_health(state.spec.health, since=state.spawned_at)
                 if state.healthy:
+                    _confirm_own_ports(state, proc, runner)
                     pending.remove(state)
                     took = time.monotonic() - begin
                     how = f"{state.action} in {took:.1f} s" if state.spawned_at else "already running"
-                    console.print(
-                        f"[green]✓[/] {state.spec.name:<18} {how}, pid {proc.pid}: {state.detail}",
-                        soft_wrap=True,
-                    )
+                    print_fitted(console, f"✓ {state.spec.name:<18} {how}, pid {proc.pid}:", state.detail)
             if pending and time.monotonic() >= deadline:
                 for state in pending:  # leave no half-started process behind
                     if state.spawned_at is not None and state.proc.pid is not None:
@@ -132,6 +152,55 @@ def wait_healthy(
                 )
             if pending:
                 time.sleep(POLL)
+
+
+def print_fitted(console: Console, head: str, detail: str, indent: int = 21) -> None:
+    """``head detail`` on one line when it fits the console (80 columns in a log), else the
+    detail on the next line, indented: never a line the terminal wraps mid-word."""
+    mark, rest = head[:1], head[1:]
+    line = Text.assemble((mark, "green" if mark == "✓" else "yellow"), rest)
+    tail = Text(detail)  # verbatim: a detail may hold brackets
+    if line.cell_len + 1 + tail.cell_len <= console.width:
+        console.print(Text.assemble(line, " ", tail), soft_wrap=True)
+    else:
+        console.print(line, soft_wrap=True)
+        console.print(Text.assemble(" " * indent, tail), soft_wrap=True)
+
+
+def _confirm_own_ports(state: ServiceState, proc: Proc, runner: Runner) -> None:
+    """A health check only says that *something* answers: on this machine, the socket
+    must also belong to the process this service runs (or its children). If another
+    process answers, this one never bound its port: it is stopped, and PortTaken says who."""
+    if not isinstance(runner, LocalRunner) or proc.pid is None:
+        return
+    for address, port in state.spec.binds:
+        other = foreign_holder(address, port, proc.pid)
+        if other is None:
+            continue
+        if state.spawned_at is not None:
+            runner.stop(state.spec, proc.pid)
+        raise PortTaken(
+            f"{state.spec.name}: port {port} on {address} is answered by {other.describe()}, "
+            f"not by the {state.spec.name} h3flow started (pid {proc.pid})",
+            address,
+            port,
+        )
+
+
+def _taken_meanwhile(spec: ServiceSpec, runner: Runner) -> None:
+    """A service that died while starting because another process took its port between
+    the check and its bind (two starts at once) is a PortTaken, not a crash."""
+    if not isinstance(runner, LocalRunner):
+        return
+    for address, port in spec.binds:
+        holders = port_holders(address, port)
+        if holders:
+            raise PortTaken(
+                f"{spec.name}: port {port} on {address} was taken by {holders[0].describe()} while it started; "
+                f"{_log_excerpt(spec, runner, 2)}",
+                address,
+                port,
+            )
 
 
 def _log_excerpt(spec: ServiceSpec, runner: Runner, lines: int = 8) -> str:
@@ -304,7 +373,9 @@ def start_services(
             )
         if server is None:
             _require_api(config, console)
-        served = server is not None and _served_elsewhere(server, runner_for, console)
+        # a server h3flow did not start is used as it is on a cluster, never by the embedded
+        # default: there it is another work dir's, with workers that would run these flows
+        served = server is not None and not config.work_dir and _served_elsewhere(server, runner_for, console)
         # the database before the server that migrates it at start-up
         states = [] if served else bring_up(database, runner_for, timeout=timeout, console=console)
         first = [s for s in (server, *comfy) if s is not None and not (served and s is server)]
@@ -319,7 +390,8 @@ def start_services(
             console.print(f"[green]✓[/] {'deployments':<18} created / updated")
         states += bring_up(rest, runner_for, timeout=timeout, console=console)
     ui = config.prefect.api_url.removesuffix("/api")
-    console.print(f"Prefect UI: {ui}   logs: {logs_where(config)}", soft_wrap=True)
+    console.print(Text(f"Prefect UI: {ui}"), soft_wrap=True)
+    console.print(Text(f"logs:       {logs_where(config)}"), soft_wrap=True)  # whole, however long
     return states
 
 
@@ -410,8 +482,62 @@ def _checked(config_path: Path, local: bool) -> LocalConfig:
     return config
 
 
+PORT_ATTEMPTS = 3  # fresh port blocks tried when other processes keep taking them (two starts at once)
+
+
+def start_local(
+    config_path: Path,
+    *,
+    console: Console | None = None,
+    deploy: Deploy | None = default_deploy,
+    timeout: float = 90.0,
+) -> tuple[LocalConfig, list[ServiceState]]:
+    """``start`` for the embedded default: its services on its own ports, never another's.
+
+    When another process holds (or answers on) one of its ports and none of this work
+    dir's services ran before this call, what this call started is stopped, local.json
+    moves to a block of free ports (rewritten atomically, and said so), and it starts
+    again. If some of its services already ran, moving them is not ``start``'s to do:
+    one line says who holds the port and what to run. Returns the config it ended on.
+    """
+    from h3flow.config.adapt import on_free_ports, render
+    from h3flow.core.fsutil import atomic_write_json
+
+    console = console or Console(highlight=False)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        config = load_local_config(config_path)
+        ran_before = [st.spec.name for st in service_status(config, config_path) if st.proc.running]
+        try:
+            return config, start_services(config, config_path, console=console, deploy=deploy, timeout=timeout)
+        except PortTaken as exc:
+            if ran_before:
+                raise PortTaken(
+                    f"{exc}; this config's {', '.join(ran_before)} already run on its ports: "
+                    f"`h3flow stop --local -c {config_path}`, then `h3flow start --local -c {config_path}` "
+                    "moves them all to free ports",
+                    exc.address,
+                    exc.port,
+                ) from None
+            if attempt == PORT_ATTEMPTS:
+                raise
+            console.print(f"[yellow]![/] {escape(str(exc))}", soft_wrap=True)
+            stop_services(config, config_path, console=Console(file=io.StringIO()))
+            moved = on_free_ports(config)
+            atomic_write_json(config_path, render(moved), private=True)
+            console.print(
+                f"[yellow]![/] moved this config's services to free ports: Prefect API {moved.prefect.api_url} "
+                f"({escape(str(config_path))} updated)",
+                soft_wrap=True,
+            )
+    raise AssertionError("unreachable")
+
+
 def run_start(config_path: Path, local: bool) -> None:
-    start_services(_checked(config_path, local), config_path)
+    config = _checked(config_path, local)
+    if config.work_dir:  # the embedded default: this machine, with or without --local
+        start_local(config_path)
+    else:
+        start_services(config, config_path)
 
 
 def run_stop(config_path: Path, local: bool) -> None:

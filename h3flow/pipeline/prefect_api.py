@@ -449,6 +449,7 @@ class LogLine:
     level: str
     flow_run: str  # the flow run's name
     message: str
+    task_run: str | None = None  # the task run's name (encode-0, sample-0, ...) for a task's line
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -470,18 +471,30 @@ def flow_run_logs(config: LocalConfig, runs: Sequence[RunFlowRun]) -> list[LogLi
         offset, page = 0, 200
         while True:
             logs = client.read_logs(log_filter=log_filter, limit=page, offset=offset, sort=LogSort.TIMESTAMP_ASC)
+            tasks = _task_run_names(client, {log.task_run_id for log in logs if log.task_run_id})
             lines += [
                 LogLine(
                     timestamp=log.timestamp.astimezone(UTC).isoformat(timespec="milliseconds"),
                     level=logging.getLevelName(log.level),
                     flow_run=names.get(str(log.flow_run_id), str(log.flow_run_id)),
                     message=log.message,
+                    task_run=tasks.get(log.task_run_id) if log.task_run_id else None,
                 )
                 for log in logs
             ]
             if len(logs) < page:
                 return lines
             offset += page
+
+
+def _task_run_names(client: SyncPrefectClient, ids: set[Any]) -> dict[Any, str]:
+    """The names of these task runs (by UUID), as the UI shows them: one request per page of logs."""
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterId
+
+    if not ids:
+        return {}
+    found = client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=list(ids))), limit=len(ids))
+    return {run.id: run.name for run in found}
 
 
 def cancel_run_flow_runs(config: LocalConfig, run_id: str, batch_ids: Sequence[str]) -> list[RunFlowRun]:
