@@ -78,3 +78,21 @@ def copy_tree(files: list[UpstreamFile], dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(entry.location, target)
     return dest
+
+
+# --------------------------------------------------------------------------- the test ComfyUI
+def require_comfyui_source() -> None:
+    """Skip unless the test ComfyUI (0.33, upstream 783545f6) has a source here: the archive in
+    ../shared/upstream, or ``$H3FLOW_COMFYUI_SOURCE`` (a ComfyUI folder, an archive, or a git URL)."""
+    from h3flow.ops.comfy_install import ARCHIVE_NAME, SOURCE_ENV
+
+    if not os.environ.get(SOURCE_ENV) and not (UPSTREAM / ARCHIVE_NAME).is_file():
+        pytest.skip(f"no ComfyUI 0.33 to test against: {UPSTREAM / ARCHIVE_NAME} absent and {SOURCE_ENV} unset")
+
+
+def comfyui_install():  # -> h3flow.ops.comfy_install.ComfyInstall
+    """The test ComfyUI, installed once into the cache (a few minutes the first time); skips without a source."""
+    from h3flow.ops.comfy_install import ensure_comfyui
+
+    require_comfyui_source()
+    return ensure_comfyui()
