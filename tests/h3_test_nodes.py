@@ -81,7 +81,9 @@ class H3TestTinyTextEncoder:
     FUNCTION = "load"
     CATEGORY = "h3flow/test"
 
-    def load(self, clip_name: str, type: str, gpus: str, reserve_mb: int, offload_after_encode: bool, text_dim: int = 48):
+    def load(
+        self, clip_name: str, type: str, gpus: str, reserve_mb: int, offload_after_encode: bool, text_dim: int = 48
+    ):
         return (TinyH3TextEncoder(text_dim),)
 
 

@@ -40,14 +40,13 @@ import comfy.options  # noqa: E402
 
 comfy.options.enable_args_parsing()
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
 import comfy.model_detection  # noqa: E402
 import comfy.ops  # noqa: E402
+import torch  # noqa: E402
 from comfy.ldm.minimax import vae as video_vae_module  # noqa: E402
 from comfy.ldm.minimax.audio_vae import MiniMaxH3AudioVAE  # noqa: E402
 from comfy.ldm.minimax.model import MiniMaxH3Model  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 SEED = 20260822
 LORA_RANK = 4
