@@ -52,6 +52,7 @@ from h3flow.engines.workflows import (
 from h3flow.handoff.format import load_latent
 from h3flow.ops.comfy_install import ComfyServer, prepare_base_dir
 from h3flow.reference.conditioning import load_conditioning
+from h3flow_nodes.paths import ALLOWED_ENV
 
 EXAMPLES = sorted((NODE_PACK_DIR / "example_workflows").glob("*.json"))
 
@@ -222,7 +223,7 @@ def drift(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, drift: Path) -> Any:
+def server(tmp_path_factory: pytest.TempPathFactory, drift: Path, work: Path) -> Any:
     install = comfyui_install()  # cached after the first run; skips without a ComfyUI 0.33 source
     base = prepare_base_dir(tmp_path_factory.mktemp("comfy-base"))
     result = CliRunner().invoke(app, ["nodes", "install", "--comfy-dir", str(base)])
@@ -231,7 +232,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, drift: Path) -> Any:
     hidden = tmp_path_factory.mktemp("no-h3flow")
     (hidden / "h3flow").mkdir()
     (hidden / "h3flow" / "__init__.py").write_text(f"raise ModuleNotFoundError({HIDDEN!r}, name='h3flow')\n")
-    srv = ComfyServer(install, base, env={"PYTHONPATH": str(hidden), "H3FLOW_TEST_DRIFT": str(drift)})
+    # the engine's files go to the module's work folder: the store the pack is told it may use
+    env = {"PYTHONPATH": str(hidden), "H3FLOW_TEST_DRIFT": str(drift), ALLOWED_ENV: str(work)}
+    srv = ComfyServer(install, base, env=env)
     srv.start()
     yield srv
     srv.stop()
@@ -397,6 +400,30 @@ def test_invalid_prompts_give_one_clear_error(server: ComfyServer, pipeline: dic
         match=r"node 1 \(H3LoadConditioning\) failed: H3FlowError: conditioning .*none.safetensors: cannot read it",
     ):
         engine.client.run(missing)
+
+
+def test_the_nodes_refuse_paths_outside_their_folders(
+    server: ComfyServer, pipeline: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, work: Path
+) -> None:
+    """Any client of a ComfyUI on a network can queue prompts: the save nodes write, and the load
+    nodes read, only under ComfyUI's own folders and the stores in $H3FLOW_NODES_ALLOWED_DIRS."""
+    engine: ComfyEngine = pipeline["engine"]
+    latent: FileRef = pipeline["latent"]
+    outside = tmp_path_factory.mktemp("not-a-store") / "x.mp4"
+    write = render(load_template("ref-decode"), {"latent_path": str(latent.path), "out_path": str(outside)})
+    with pytest.raises(H3FlowError) as err:
+        engine.client.run(write)
+    assert (
+        f"node 3 (H3SaveVideoAAC) failed: H3FlowError: path '{outside}' is outside the folders the h3flow nodes may use"
+        in str(err.value)
+    )
+    assert f"{ALLOWED_ENV}: {work})" in str(err.value) and not outside.exists()
+    read = render(load_template("ref-decode"), {"latent_path": "/etc/passwd", "out_path": str(work / "never.mp4")})
+    with pytest.raises(
+        H3FlowError, match=r"node 1 \(H3LatentHandoffLoad\) failed: H3FlowError: path '/etc/passwd' is outside"
+    ):
+        engine.client.run(read)
+    assert not (work / "never.mp4").exists()
 
 
 PACK_NODES = (

@@ -50,6 +50,7 @@ from h3flow.engines.workflows import WORKFLOWS_DIR, load_template, render, upstr
 from h3flow.handoff.format import load_latent
 from h3flow.ops.comfy_install import ComfyInstall, ComfyServer, prepare_base_dir
 from h3flow_nodes.common import load_conditioning_any
+from h3flow_nodes.paths import ALLOWED_ENV
 
 pytestmark = [pytest.mark.comfy, pytest.mark.upstream_h3]
 
@@ -70,13 +71,13 @@ def tiny(install: ComfyInstall) -> TinyH3:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, install: ComfyInstall, tiny: TinyH3) -> Any:
+def server(tmp_path_factory: pytest.TempPathFactory, install: ComfyInstall, tiny: TinyH3, work: Path) -> Any:
     base = prepare_base_dir(tmp_path_factory.mktemp("h3-base"))
     result = CliRunner().invoke(app, ["nodes", "install", "--comfy-dir", str(base)])
     assert result.exit_code == 0, result.output
     shutil.copyfile(TEST_NODES, base / "custom_nodes" / TEST_NODES.name)
     install_models(tiny, base)
-    srv = ComfyServer(install, base)
+    srv = ComfyServer(install, base, env={ALLOWED_ENV: str(work)})  # the engine's files go to the work folder
     srv.start()
     yield srv
     srv.stop()

@@ -96,3 +96,26 @@ def comfyui_install():  # -> h3flow.ops.comfy_install.ComfyInstall
 
     require_comfyui_source()
     return ensure_comfyui()
+
+
+def comfyui_archive() -> UpstreamFile:
+    """The whole ComfyUI 0.33.0 tree (upstream 783545f6) as stored, SHA-256 verified."""
+    require_upstream()
+    (entry,) = [f for f in manifest() if f.file == "ComfyUI@783545f6.tar.gz"]
+    digest = hashlib.sha256(entry.location.read_bytes()).hexdigest()
+    assert digest == entry.sha256, f"{entry.location} changed: SHA-256 {digest}, manifest says {entry.sha256}"
+    return entry
+
+
+def extract_from_archive(entry: UpstreamFile, paths: list[str], dest: Path) -> Path:
+    """Copy files of the archived tree (paths inside the repository) into ``dest`` at those paths."""
+    import tarfile
+
+    with tarfile.open(entry.location) as tar:
+        for path in paths:
+            member = tar.extractfile(f"ComfyUI/{path}")
+            assert member is not None, path
+            target = dest / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(member.read())
+    return dest
