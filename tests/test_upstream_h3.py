@@ -16,10 +16,11 @@ own H3 nodes and model code, with tiny weights, on CPU.
   Raylight's source for its four nodes.
 
 Decode runs at 32×32, 5 frames: the smallest canvas and length ``EmptyMiniMaxH3LatentAV``
-accepts. The real video VAE's decoder is a 2.4 B-parameter ViT whatever the weights, and
-on 2 CPU cores one decode of the ``tiny`` spec (224×128) took 128 s and 6.7 GB against
-23 s at 32×32 (docs/comfyui.md). Sampling runs at the ``tiny`` spec through
-``ComfyEngine.encode`` / ``sample``, exactly as the pipeline calls them.
+accepts. The real video VAE's decoder is a 2.4 B-parameter ViT whatever the weights: through
+ComfyUI on 2 busy CPU cores a decode of the ``tiny`` spec (224×128, 5 frames) took 85 s
+against 56 s at 32×32, and longer clips decode in more 17-frame chunks (docs/comfyui.md).
+Sampling runs at the ``tiny`` spec through ``ComfyEngine.encode`` / ``sample``, exactly as
+the pipeline calls them.
 """
 
 from __future__ import annotations

@@ -16,8 +16,12 @@ import shutil
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from h3flow.ops.comfy_install import ComfyInstall
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("H3FLOW_UPSTREAM") or PROJECT_ROOT.parent / "shared" / "upstream")
@@ -90,7 +94,7 @@ def require_comfyui_source() -> None:
         pytest.skip(f"no ComfyUI 0.33 to test against: {UPSTREAM / ARCHIVE_NAME} absent and {SOURCE_ENV} unset")
 
 
-def comfyui_install():  # -> h3flow.ops.comfy_install.ComfyInstall
+def comfyui_install() -> ComfyInstall:
     """The test ComfyUI, installed once into the cache (a few minutes the first time); skips without a source."""
     from h3flow.ops.comfy_install import ensure_comfyui
 
