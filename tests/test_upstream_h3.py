@@ -17,8 +17,8 @@ own H3 nodes and model code, with tiny weights, on CPU.
 
 Decode runs at 32×32, 5 frames: the smallest canvas and length ``EmptyMiniMaxH3LatentAV``
 accepts. The real video VAE's decoder is a 2.4 B-parameter ViT whatever the weights: through
-ComfyUI on 2 busy CPU cores a decode of the ``tiny`` spec (224×128, 5 frames) took 85 s
-against 56 s at 32×32, and longer clips decode in more 17-frame chunks (docs/comfyui.md).
+ComfyUI on 2 CPU cores a decode of the ``tiny`` spec (224×128, 5 frames) took 58 s against
+15 s at 32×32, and longer clips decode in more 17-frame chunks (docs/comfyui.md).
 Sampling runs at the ``tiny`` spec through ``ComfyEngine.encode`` / ``sample``, exactly as
 the pipeline calls them.
 """
