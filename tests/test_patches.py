@@ -285,3 +285,36 @@ def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: st
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
     assert result.stdout == ""
+
+
+# --------------------------------------------------------------------------- ComfyUI 0.33.0 (upstream 783545f6)
+@pytest.mark.upstream_h3
+def test_the_comfy_patch_also_fits_comfyui_0_33(tmp_path: Path) -> None:
+    """783545f6's model.py has every line the patch touches, and its context, unchanged; the code moved
+    (hunk #1 five lines up, hunk #2 57), which GNU patch follows without fuzz. One patch serves both."""
+    from upstream import comfyui_archive, extract_from_archive
+
+    extract_from_archive(comfyui_archive(), [COMFY_FILE], tmp_path)
+    before = (tmp_path / COMFY_FILE).read_bytes()
+    lines = before.decode().splitlines()
+    (diff,) = patches.load_patch(COMFY)
+    offsets = {}
+    for hunk in diff.hunks:
+        found = [i for i in range(len(lines)) if lines[i : i + hunk.old_len] == hunk.old_lines]
+        assert len(found) == 1, hunk.number  # the whole old side, context included, once
+        offsets[hunk.number] = found[0] + 1 - hunk.old_start
+    assert offsets == {1: -5, 2: -57}
+    dry = subprocess.run(
+        ["patch", "-p1", "--dry-run", "--fuzz=0", "-i", str(COMFY)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert dry.returncode == 0 and "fuzz" not in dry.stdout
+    assert "Hunk #1 succeeded at 174 (offset -5 lines)" in dry.stdout
+    assert "Hunk #2 succeeded at 684 (offset -57 lines)" in dry.stdout
+    assert patches.check_patch(COMFY, tmp_path).state is State.NOT_APPLIED
+    assert patches.apply_patch(COMFY, tmp_path).changed
+    assert patches.check_patch(COMFY, tmp_path).state is State.APPLIED
+    after = (tmp_path / COMFY_FILE).read_text()
+    assert "cast_to(self.adaln_t_table, dtype=torch.float32, device=device)" in after
+    assert after.count("cast_to(self.q_norm.weight, dtype=q.dtype, device=x.device)") == 1
+    assert git("apply", "-R", "-C3", str(COMFY), cwd=tmp_path).returncode == 0  # git too, at the moved lines
+    assert (tmp_path / COMFY_FILE).read_bytes() == before

@@ -16,8 +16,12 @@ import shutil
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from h3flow.ops.comfy_install import ComfyInstall
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("H3FLOW_UPSTREAM") or PROJECT_ROOT.parent / "shared" / "upstream")
@@ -77,4 +81,45 @@ def copy_tree(files: list[UpstreamFile], dest: Path) -> Path:
         target = dest / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(entry.location, target)
+    return dest
+
+
+# --------------------------------------------------------------------------- the test ComfyUI
+def require_comfyui_source() -> None:
+    """Skip unless the test ComfyUI (0.33, upstream 783545f6) has a source here: the archive in
+    ../shared/upstream, or ``$H3FLOW_COMFYUI_SOURCE`` (a ComfyUI folder, an archive, or a git URL)."""
+    from h3flow.ops.comfy_install import ARCHIVE_NAME, SOURCE_ENV
+
+    if not os.environ.get(SOURCE_ENV) and not (UPSTREAM / ARCHIVE_NAME).is_file():
+        pytest.skip(f"no ComfyUI 0.33 to test against: {UPSTREAM / ARCHIVE_NAME} absent and {SOURCE_ENV} unset")
+
+
+def comfyui_install() -> ComfyInstall:
+    """The test ComfyUI, installed once into the cache (a few minutes the first time); skips without a source."""
+    from h3flow.ops.comfy_install import ensure_comfyui
+
+    require_comfyui_source()
+    return ensure_comfyui()
+
+
+def comfyui_archive() -> UpstreamFile:
+    """The whole ComfyUI 0.33.0 tree (upstream 783545f6) as stored, SHA-256 verified."""
+    require_upstream()
+    (entry,) = [f for f in manifest() if f.file == "ComfyUI@783545f6.tar.gz"]
+    digest = hashlib.sha256(entry.location.read_bytes()).hexdigest()
+    assert digest == entry.sha256, f"{entry.location} changed: SHA-256 {digest}, manifest says {entry.sha256}"
+    return entry
+
+
+def extract_from_archive(entry: UpstreamFile, paths: list[str], dest: Path) -> Path:
+    """Copy files of the archived tree (paths inside the repository) into ``dest`` at those paths."""
+    import tarfile
+
+    with tarfile.open(entry.location) as tar:
+        for path in paths:
+            member = tar.extractfile(f"ComfyUI/{path}")
+            assert member is not None, path
+            target = dest / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(member.read())
     return dest

@@ -22,36 +22,11 @@ from .files import atomic_write_bytes, sha256_bytes, sha256_file
 from .h3latent import H3Latent, frames_of, load_latent, save_latent
 from .layout import AUDIO_RATE, FPS, get_spec, latent_frames, snap_frames
 from .mux import mux_mp4
+from .paths import resolve_path
 from .reference.conditioning import Conditioning, encode_pixels, load_conditioning, pixels_of, save_conditioning
 
 COMFY_COND_FORMAT = "h3flow-comfy-conditioning-v1"
 FILES_KEY = "h3flow_files"  # the key of a save node's UI output that the engine reads
-
-
-# --------------------------------------------------------------------------- paths
-def output_dir() -> Path:
-    """ComfyUI's output folder (``output/`` beside the current directory outside ComfyUI)."""
-    try:
-        import folder_paths
-
-        return Path(folder_paths.get_output_directory())
-    except ImportError:
-        return Path.cwd() / "output"
-
-
-def resolve_path(path: str) -> Path:
-    """An absolute path as given; a relative one under ComfyUI's output folder (no escaping)."""
-    text = path.strip()
-    if not text:
-        raise H3FlowError("a file path is required")
-    candidate = Path(text).expanduser()
-    if candidate.is_absolute():
-        return candidate
-    base = output_dir().resolve()
-    resolved = (base / candidate).resolve()
-    if base not in resolved.parents:
-        raise H3FlowError(f"relative path {text!r} leaves ComfyUI's output folder")
-    return resolved
 
 
 def file_ref(path: Path, sha256: str, kind: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,8 @@ def save_latent(path: Path, latent: H3Latent) -> str:
             raise H3FlowError(f"mask {name!r} must be a tensor of a safetensors dtype")
         tensors[MASK_PREFIX + name] = mask.detach().to("cpu").contiguous()
     tensors[VERSION_MARKER] = torch.zeros(0, dtype=torch.float32)
-    meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
+    # timezone.utc, not datetime.UTC: the pack runs on ComfyUI's Python, which may be 3.10
+    meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))  # noqa: UP017
     meta.setdefault("producer", _producer())
     return _write_safetensors(path, tensors, meta)
 

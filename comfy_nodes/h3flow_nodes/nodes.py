@@ -22,7 +22,7 @@ from .layout import FPS, SPECS
 
 CATEGORY = "h3flow"
 REFERENCE = "h3flow/reference"
-PATH_TIP = "Absolute path, or relative to ComfyUI's output folder (it may not leave it)."
+PATH_TIP = "Relative to ComfyUI's output folder, or absolute inside its output, input or temp folder or a folder in $H3FLOW_NODES_ALLOWED_DIRS."
 SHA_TIP = "Expected SHA-256 of the file (64 hex); empty: not checked. A mismatch fails the node."
 
 

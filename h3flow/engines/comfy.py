@@ -12,7 +12,9 @@ Templates survive upstream drift: before a template's first prompt the engine re
 live schema of every node type it uses (``GET /object_info/{class}``); a required input
 the template does not set is filled with the default the server declares and reported
 once (a warning in the run log, and :attr:`ComfyEngine.filled`); one without a default
-is a one-line error naming the node, the input and the fix, before anything is queued.
+is a one-line error naming the node, the input and the fix, before anything is queued,
+and so is an input the template sets that the live node does not have (a renamed
+upstream input would otherwise run at its default while our value is ignored).
 
 Connection failures (refused, reset, ComfyUI restarted mid-run) are retried here a
 few times, resubmitting once the server answers again; if they persist a
@@ -170,7 +172,8 @@ class ComfyEngine:
         """:meth:`prompt_for`, completed against this server's live node schemas.
 
         Required inputs the template leaves out are filled with the server's defaults
-        (each reported once per engine); one without a default raises H3FlowError.
+        (each reported once per engine); one without a default, or an input the live node
+        does not know, raises H3FlowError naming the node, the input and the server's inputs.
         """
         name = self.template_name(stage)
         prompt = self.prompt_for(stage, params)
@@ -178,8 +181,8 @@ class ComfyEngine:
             self._schemas[ctype] = self.client.node_info(ctype)
         live = {ctype: schema for ctype, schema in self._schemas.items() if schema is not None}
         done = complete_prompt(prompt, live, template=name)
-        if done.unfillable:
-            raise H3FlowError(f"ComfyUI at {self.base_url}: " + "; ".join(done.unfillable))
+        if done.problems:
+            raise H3FlowError(f"ComfyUI at {self.base_url}: " + "; ".join(done.problems))
         for item in done.filled:
             if (name, item.node_id, item.name) not in self._reported:
                 self._reported.add((name, item.node_id, item.name))

@@ -16,10 +16,11 @@ host without Raylight, an old ComfyUI or a missing model file before any GPU wor
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -235,11 +236,18 @@ class FilledInput:
 
 @dataclass(frozen=True)
 class Completion:
-    """A prompt with the server's defaults filled in, what was filled, and what could not be."""
+    """A prompt with the server's defaults filled in, what was filled, what could not be, and
+    the inputs the server does not know."""
 
     prompt: dict[str, Any]
     filled: list[FilledInput]
     unfillable: list[str]  # one line each: node, input and the fix
+    unknown: list[str] = field(default_factory=list)  # one line each: node, input, the server's inputs
+
+    @property
+    def problems(self) -> list[str]:
+        """What stops the prompt from running as the template means it."""
+        return self.unfillable + self.unknown
 
 
 def _wanted(spec: Any) -> str:
@@ -258,18 +266,27 @@ def complete_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any], *
     default, that is what ComfyUI's own UI would put there, so it is filled in and
     reported; where it gives none (a link, a combo without a declared default), the
     template must say: one line naming the node, the input and the fix.
-    Node types the server lacks are left to :func:`validate_prompt`.
+
+    An input the template sets that the server's node does not have is a problem too
+    (``unknown``): ComfyUI ignores it and runs the node with the input's new name at its
+    default, so a renamed upstream input (Raylight's ``FSDP`` becoming ``fsdp``) would
+    silently turn a setting off. Node types the server lacks are left to :func:`validate_prompt`.
     """
     out = copy.deepcopy(dict(prompt))
     filled: list[FilledInput] = []
     unfillable: list[str] = []
+    unknown: list[str] = []
     for node_id, node in sorted(out.items(), key=lambda kv: str(kv[0])):
         ctype = node.get("class_type")
         schema = object_info.get(ctype) if isinstance(ctype, str) else None
         if schema is None:
             continue
-        required = (schema.get("input") or {}).get("required") or {}
+        sections = schema.get("input") or {}
+        required = sections.get("required") or {}
         inputs = node.setdefault("inputs", {})
+        known = {*required, *(sections.get("optional") or {}), *(sections.get("hidden") or {})}
+        for name in sorted(set(inputs) - known):
+            unknown.append(_unknown_line(template, str(node_id), ctype, name, known))
         for name, spec in required.items():
             if name in inputs:
                 continue
@@ -282,7 +299,19 @@ def complete_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any], *
                     f"{template}: node {node_id} ({ctype}) requires input {name!r}, which the template does not set "
                     f"and this ComfyUI gives no default for: set it to {_wanted(spec)} in workflows/{template}.json"
                 )
-    return Completion(out, filled, unfillable)
+    return Completion(out, filled, unfillable, unknown)
+
+
+def _unknown_line(template: str, node_id: str, ctype: str, name: str, known: set[str]) -> str:
+    """One line for an input the server's node does not have: its inputs, and the likeliest rename."""
+    by_case = [k for k in known if k.lower() == name.lower()]
+    close = by_case or difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    hint = f" (renamed {close[0]!r}?)" if close else ""
+    return (
+        f"{template}: node {node_id} ({ctype}) sets input {name!r}, which this ComfyUI's {ctype} does not have"
+        f"{hint}; its inputs: {', '.join(sorted(known)) or 'none'}. ComfyUI would run the node without that value: "
+        f"fix workflows/{template}.json"
+    )
 
 
 def check_prompt(prompt: Mapping[str, Any], object_info: Mapping[str, Any], *, name: str = "workflow") -> None:

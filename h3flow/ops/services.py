@@ -476,8 +476,22 @@ def comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> list[Servi
         base = comfy_base_dir(config, pool.name)
         argv = tuple(install.command(server_args(address, pool.comfy_port, base)))
         # VIRTUAL_ENV: the installed ComfyUI's venv, not the caller's
-        specs.append(comfy_spec(pool, address, argv, str(base), where, VIRTUAL_ENV=str(install.venv)))
+        specs.append(
+            comfy_spec(
+                pool, address, argv, str(base), where, VIRTUAL_ENV=str(install.venv), **node_folders(config, pool)
+            )
+        )
     return specs
+
+
+def node_folders(config: LocalConfig, pool: Pool) -> dict[str, str]:
+    """The env that lets the h3flow nodes in a pool's ComfyUI use the host's stores (and nothing
+    else outside ComfyUI's own folders): the engine hands them paths there."""
+    from h3flow_nodes.paths import ALLOWED_ENV
+
+    storage = config.hosts[pool.host].storage
+    folders = dict.fromkeys([storage.root, storage.conditioning, storage.latents, storage.outputs])
+    return {ALLOWED_ENV: os.pathsep.join(folders)}
 
 
 def comfy_spec(
@@ -593,7 +607,7 @@ def remote_comfy_specs(config: LocalConfig, where: Callable[[str], Path]) -> lis
             "--temp-directory", str(host_dir(config, pool.host) / "comfyui" / pool.name),
             "--disable-auto-launch",
         )  # fmt: skip
-        specs.append(comfy_spec(pool, address, argv, host.comfy_dir, where))
+        specs.append(comfy_spec(pool, address, argv, host.comfy_dir, where, **node_folders(config, pool)))
     return specs
 
 
