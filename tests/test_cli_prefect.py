@@ -2,7 +2,7 @@
 
 The server is the embedded default's own (started by h3flow's service code); a run's
 flow runs are created through the API the way the dispatcher creates them: a batch run
-named after the run, children tagged ``h3flow-run:<id>`` and named ``<clip>·<stage>·<pool>``.
+named after the run, children tagged ``h3flow-run:<id>`` and named ``<clip> <stage> on <pool>``.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def make_flow_runs(prefect_server: PrefectServer, run_id: str) -> dict[str, str]
             (CLIPS[2], "decode", "b", Completed()),
         ]
         for clip, stage, pool, state in children:
-            name = f"{run_id}/{clip}·{stage}·{pool}" if clip == CLIPS[1] else f"{clip}·{stage}·{pool}"
+            name = f"{run_id}/{clip} {stage} on {pool}" if clip == CLIPS[1] else f"{clip} {stage} on {pool}"
             run = client.create_flow_run(child_flow, name=name, tags=[run_tag(run_id)], state=state)
             ids[clip] = str(run.id)
-        other = client.create_flow_run(child_flow, name=f"{CLIPS[0]}·sample·a0", tags=[run_tag("another-run")])
+        other = client.create_flow_run(child_flow, name=f"{CLIPS[0]} sample on a0", tags=[run_tag("another-run")])
         ids["other"] = str(other.id)
         encode = client.create_task_run(task(name="encode")(lambda: None), UUID(ids[CLIPS[0]]), "0", name="encode-0")
         lines = [
@@ -113,13 +113,13 @@ def test_logs_of_the_batch_run_and_of_one_clip(prefect_server: PrefectServer) ->
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)["logs"]
     assert [(line["flow_run"], line["task_run"], line["message"]) for line in got] == [
-        (f"{CLIPS[0]}·sample·a0", None, "sampling 6 steps"),
-        (f"{CLIPS[0]}·sample·a0", "encode-0", "Finished in state Completed()"),
+        (f"{CLIPS[0]} sample on a0", None, "sampling 6 steps"),
+        (f"{CLIPS[0]} sample on a0", "encode-0", "Finished in state Completed()"),
     ]
     res = runner.invoke(app, ["logs", run_id, CLIPS[0], "-c", str(prefect_server.config_path)])
     assert res.output.splitlines() == [  # the task's name, as the UI's log view shows it
-        f"12:00:02.000 INFO    {CLIPS[0]}·sample·a0: sampling 6 steps",
-        f"12:00:03.000 INFO    {CLIPS[0]}·sample·a0 › encode-0: Finished in state Completed()",
+        f"12:00:02.000 INFO    {CLIPS[0]} sample on a0: sampling 6 steps",
+        f"12:00:03.000 INFO    {CLIPS[0]} sample on a0 › encode-0: Finished in state Completed()",
     ]
     res = runner.invoke(app, ["logs", run_id, "no-such-clip", "-c", str(prefect_server.config_path)])
     assert res.exit_code == 2 and "has no clip 'no-such-clip'" in res.output

@@ -37,7 +37,7 @@ from pathlib import Path
 import av
 import httpx
 import pytest
-from cluster import kill_tree, wait_until, write_batch
+from cluster import SILENCE_S, kill_tree, wait_until, write_batch
 from netns import Lab, make_lab, netns_unavailable
 from remote_hosts import CPU, REFERENCE
 
@@ -74,7 +74,8 @@ class MultiHost:
     def h3(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """The real CLI, as the operator runs it on the controller (this machine)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220")
+        # `start` deploys the silence automations: a silent flow run is Crashed after 60 s, not 75
+        env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220", H3FLOW_SILENCE_S=str(SILENCE_S))
         config = [] if args[0] == "config-adapt" else ["--config", str(self.config_path)]
         return subprocess.run(
             [H3FLOW, *args, *config], capture_output=True, text=True, env=env, timeout=timeout, cwd=self.lab.ctl
@@ -168,9 +169,6 @@ def host_map(lab: Lab) -> dict:
             "env": env or {},
         }
 
-    # the dispatcher (under host-a's control worker) notices a dead pool after 12 s and
-    # gives up on decoders after 10 more, instead of 20 + 60 s: the test waits less
-    fast = {"H3FLOW_WORKER_STALE_S": "12", "H3FLOW_DECODER_GONE_S": "10"}
     return {
         "version": 1,
         "engine": "local",
@@ -178,7 +176,7 @@ def host_map(lab: Lab) -> dict:
         "prefect": {"api_url": f"http://{lab.hosts['host-a'].address}:4200/api"},
         "model": REFERENCE.model_dump(),
         "hosts": [
-            host("host-a", ["encode", "sample"], fast),
+            host("host-a", ["encode", "sample"]),
             host("xtx", ["sample"]),
             host("host-b", ["decode"]),
             host("host-c", ["decode"]),
@@ -428,7 +426,9 @@ def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh:
     back = mh.h3("start", timeout=600)  # the host is up again: the operator starts its services
     assert back.returncode == 0 and back.stdout.count("restarted") == 2, back.stdout + back.stderr
     assert "worker-h3-b" in back.stdout and "receiver-host-b" in back.stdout
-    done = mh.wait(run_id)  # the killed decode's cache lock died with its process (flock): nothing waits on it
+    # the killed decode's run falls silent (Prefect marks it Crashed, the dispatcher sends it again) and
+    # its GPU slot's lease expires; its cache lock died with its process (flock): nothing waits for good
+    done = mh.wait(run_id)
     if done.returncode != 0:
         assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, done.stdout + done.stderr
         resumed = mh.h3("resume", run_id, timeout=900)

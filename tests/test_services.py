@@ -145,18 +145,16 @@ def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     assert server.health == HttpHealth(f"http://127.0.0.1:{port}/api/health")
     a1 = specs["worker-h3-a1"]
     assert a1.argv[1:] == (
-        "worker",
-        "start",
-        "--pool",
-        "h3-a1",
-        "--work-queue",
-        "default",
-        "--type",
-        "process",
-        "--name",
-        "h3-a1-worker",
-    )  # the clips queue is the pool runner's, not the worker's
+        "worker", "start", "--pool", "h3-a1", "--type", "h3flow", "--name", "h3-a1-worker", "--limit", "2",
+    )  # fmt: skip
+    control = specs["worker-h3-control"]
+    assert control.argv[-2:] == ("--name", "h3-control-worker"), "the dispatchers' worker has no limit"
     assert a1.env["CUDA_VISIBLE_DEVICES"] == "" and a1.env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
+    assert (
+        a1.env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30" and a1.env["PREFECT_WORKER_ENABLE_CANCELLATION"] == "true"
+    )
+    assert a1.env["H3FLOW_POOL"] == "a1" and "H3FLOW_POOL" not in control.env
+    assert server.env["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"].endswith(".filesystem")
     assert a1.env["H3FLOW_CONFIG"] == str(path.resolve()) and a1.env["PREFECT_API_URL"] == config.prefect.api_url
     assert a1.health == WorkerHealth(config.prefect.api_url, "h3-a1", "h3-a1-worker")
     receiver = specs["receiver-host-b"]

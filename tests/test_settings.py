@@ -19,10 +19,10 @@ def test_every_setting_is_in_the_table_and_nothing_else() -> None:
 
 
 def test_settings_are_read_when_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("H3FLOW_WORKER_STALE_S", "7.5")
-    assert settings().worker_stale_s == 7.5
-    monkeypatch.delenv("H3FLOW_WORKER_STALE_S")
-    assert settings().worker_stale_s == 20.0
+    monkeypatch.setenv("H3FLOW_SILENCE_S", "45")
+    assert settings().silence_s == 45.0
+    monkeypatch.delenv("H3FLOW_SILENCE_S")
+    assert settings().silence_s == 75.0
 
 
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

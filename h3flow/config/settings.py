@@ -31,6 +31,13 @@ class Settings(BaseSettings):
         default_factory=lambda: Path.home() / ".cache" / "h3flow",
         description="where the demo/test ComfyUI install is cached",
     )
+    comfyui_source: str | None = Field(
+        None, description="the demo/test ComfyUI tree: a folder, a .tar.gz of one, or a git URL (at the pinned commit)"
+    )
+    upstream: Path | None = Field(None, description="the exact upstream files (default ../shared/upstream)")
+    pool: str | None = Field(
+        None, description="the pool an h3flow worker serves (`start` sets it): its engine is loaded once"
+    )
     silence_s: float = Field(
         75.0,
         gt=30,

@@ -53,7 +53,6 @@ COMFYUI_COMMIT = "783545f689a0af730065994b46b382ae24844c99"
 COMFYUI_GIT = "https://github.com/Comfy-Org/ComfyUI.git"
 ARCHIVE_NAME = f"ComfyUI@{COMFYUI_COMMIT[:8]}.tar.gz"
 SOURCE_ENV = "H3FLOW_COMFYUI_SOURCE"
-UPSTREAM_ENV = "H3FLOW_UPSTREAM"
 TORCH = "torch==2.13.0"
 TORCHAUDIO = "torchaudio==2.11.1"  # its Python side; the compiled extension is removed (see the docstring)
 # Requirements of the ComfyUI tree that are left out: torchaudio comes separately, the
@@ -146,7 +145,9 @@ def cache_dir() -> Path:
 
 def shared_upstream() -> Path:
     """``../shared/upstream`` beside the checkout, or ``$H3FLOW_UPSTREAM``."""
-    return Path(os.environ.get(UPSTREAM_ENV) or SOURCE_DIR.parent / "shared" / "upstream")
+    from h3flow.config.settings import settings
+
+    return settings().upstream or SOURCE_DIR.parent / "shared" / "upstream"
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,9 @@ def _tree_fingerprint(tree: Path) -> str:
 
 def comfyui_source() -> ComfySource:
     """The ComfyUI tree to install: ``$H3FLOW_COMFYUI_SOURCE``, else the shared archive, else git."""
-    given = os.environ.get(SOURCE_ENV, "").strip()
+    from h3flow.config.settings import settings
+
+    given = (settings().comfyui_source or "").strip()
     if given:
         path = Path(given).expanduser()
         if path.is_dir():

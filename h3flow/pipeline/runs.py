@@ -52,7 +52,7 @@ def deploy_everything(config_path: Path, config: LocalConfig | None = None) -> l
     """Work pools, deployments and blocks on the config's server (``deploy``, and ``start``
     when it starts something): an API that does not answer is an error, never a reason to
     start a temporary server."""
-    from h3flow.pipeline.blocks import save_host_blocks, save_secret_block
+    from h3flow.pipeline.blocks import remove_secret_block, save_host_blocks
     from h3flow.pipeline.deployments import deploy_all
     from h3flow.pipeline.prefect_api import prefect_api, require_api
 
@@ -61,7 +61,7 @@ def deploy_everything(config_path: Path, config: LocalConfig | None = None) -> l
     names = deploy_all(config, config_path)
     with prefect_api(config):
         save_host_blocks(config)
-        save_secret_block(config)
+        remove_secret_block(config)
     return names
 
 

@@ -56,11 +56,12 @@ def flows() -> dict[str, Flow[..., Any]]:
 def warm_up() -> None:
     """Load this pool's engine (imports, weights) before the worker reports for work."""
     from h3flow.config.models import config_at
+    from h3flow.config.settings import settings
     from h3flow.engines import engine_for
 
     flows()  # Prefect, h3flow and the planner imported once
-    config_path, pool = os.environ.get("H3FLOW_CONFIG"), os.environ.get("H3FLOW_POOL")
-    if not config_path or not pool:
+    config_path, pool = settings().config, settings().pool
+    if config_path is None or pool is None:
         return  # the control pool: no engine
     config = config_at(config_path)
     engine_for(config, config.pool(pool).encoder_pool or pool)

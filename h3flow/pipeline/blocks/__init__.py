@@ -67,7 +67,3 @@ def remove_secret_block(config: LocalConfig | None = None) -> bool:
     except ValueError:  # Prefect's "Unable to find block document named ..."
         return False
     return True
-
-
-save_secret_block = remove_secret_block
-"""The name ``deploy_everything`` (h3flow/pipeline/runs.py) calls; it saves nothing any more."""
