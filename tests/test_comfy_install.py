@@ -18,7 +18,6 @@ from h3flow.ops.comfy_install import (
     COMFYUI_GIT,
     SOURCE_ENV,
     TORCH,
-    UPSTREAM_ENV,
     comfyui_source,
     requirements_for,
 )
@@ -46,7 +45,7 @@ def test_the_tree_comes_from_the_setting_then_the_shared_archive_then_git(
     monkeypatch.delenv(SOURCE_ENV, raising=False)
     shared = tmp_path / "shared"
     shared.mkdir()
-    monkeypatch.setenv(UPSTREAM_ENV, str(shared))
+    monkeypatch.setenv("H3FLOW_UPSTREAM", str(shared))
     git = comfyui_source()
     assert (git.kind, git.location, git.key) == ("git", COMFYUI_GIT, f"comfyui-{COMFYUI_COMMIT[:8]}")
     (shared / ARCHIVE_NAME).write_bytes(b"not read until installing")

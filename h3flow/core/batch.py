@@ -31,6 +31,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from h3flow.core.fsutil import sha256_file
 from h3flow.core.jsonio import capped_error, load_json_file, shown, validation_problems
 from h3flow.core.specs import SPECS, Spec, frames_for_seconds, get_spec
 
@@ -244,3 +245,14 @@ def load_batch(path: Path, *, check_images: bool = True) -> Batch:
         raise capped_error(str(path), problems)
     assert batch is not None
     return batch.model_copy(update={"clips": list(resolved.values())})
+
+
+def with_image_hashes(batch: Batch) -> Batch:
+    """Each clip names its image by content too, so a host without the file can still find it."""
+    hashes: dict[Path, str] = {}
+    clips = []
+    for clip in batch.clips:
+        if clip.image not in hashes:
+            hashes[clip.image] = sha256_file(clip.image)
+        clips.append(clip.model_copy(update={"image_sha256": hashes[clip.image]}))
+    return batch.model_copy(update={"clips": clips})

@@ -42,7 +42,7 @@ from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.lifecycle import ClipState, move
 from h3flow.pipeline.manifest import ClipRecord, Manifest
 from h3flow.pipeline.params import Budget
-from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE, RunState
+from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE, RunState, Submission
 from h3flow.pipeline.results import FailureKind, StageResult
 from h3flow.planner.schedule import Schedule
 
@@ -68,17 +68,6 @@ class DispatchApi(Protocol):
     def withdraw(self, run_id: str, why: str) -> None: ...
     def now(self) -> float: ...
     def pause(self, seconds: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One child flow run to create: kept until Prefect answers, so a retry is the same call."""
-
-    deployment: str
-    parameters: dict[str, Any]
-    key: str
-    name: str
-    tags: list[str]
 
 
 @dataclass

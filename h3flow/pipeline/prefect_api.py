@@ -36,14 +36,25 @@ from h3flow.pipeline.results import StageResult, results_from_rows
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 RunState = tuple[str, str | None]
 """A flow run's state type (RUNNING, COMPLETED, ...) and its message."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One child flow run to create: kept until Prefect answers, so a retry is the same call."""
+
+    deployment: str
+    parameters: dict[str, Any]
+    key: str
+    name: str
+    tags: list[str]
+
+
 UNAVAILABLE: tuple[type[BaseException], ...] = (httpx.HTTPError, ConnectionError, TimeoutError)
 """What a busy, restarting or unreachable Prefect server raises (waited out, not a defect)."""
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.objects import FlowRun
-
-    from h3flow.pipeline.dispatcher import Submission
 
 
 def client_home(config: LocalConfig) -> Path:

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h3flow.config.models import LocalConfig, load_local_config
-from h3flow.core.batch import Batch, load_batch
+from h3flow.core.batch import Batch, load_batch, with_image_hashes
 from h3flow.core.contracts import H3FLOW_TAG, run_tag
 from h3flow.core.errors import H3FlowError
-from h3flow.core.fsutil import sha256_file
 from h3flow.handoff.inventory import HostFiles, check_host_files
 from h3flow.pipeline.lifecycle import ClipState
 from h3flow.pipeline.manifest import Manifest, load_manifest, new_run_id
@@ -66,17 +65,6 @@ def deploy_everything(config_path: Path, config: LocalConfig | None = None) -> l
 
 
 # --------------------------------------------------------------------------- starting
-def with_image_hashes(batch: Batch) -> Batch:
-    """Each clip names its image by content too, so a host without the file can still find it."""
-    hashes: dict[Path, str] = {}
-    clips = []
-    for clip in batch.clips:
-        if clip.image not in hashes:
-            hashes[clip.image] = sha256_file(clip.image)
-        clips.append(clip.model_copy(update={"image_sha256": hashes[clip.image]}))
-    return batch.model_copy(update={"clips": clips})
-
-
 def images_in_place(config: LocalConfig, batch: Batch) -> Batch:
     """The embedded default: the encoders run on this machine and read the images where they are."""
     return batch

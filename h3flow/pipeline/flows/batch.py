@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
 
 from h3flow.config.models import config_at
-from h3flow.core.batch import Batch, Clip, load_batch
+from h3flow.core.batch import Batch, Clip, load_batch, with_image_hashes
 from h3flow.core.contracts import H3FLOW_TAG, run_tag
 from h3flow.core.errors import ConfigError
 from h3flow.core.fsutil import atomic_write_text, file_lock
@@ -43,7 +43,6 @@ from h3flow.pipeline.params import ResumePlan
 from h3flow.pipeline.plan import plan_for_manifest
 from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
 from h3flow.pipeline.run_report import write_run_report
-from h3flow.pipeline.runs import with_image_hashes
 
 
 def open_run(
