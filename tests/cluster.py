@@ -86,6 +86,13 @@ class Cluster:
         assert res.returncode == 0, res.stdout + res.stderr
         return res.stdout.strip().splitlines()[-1]
 
+    def diagnosis(self, run_id: str) -> str:
+        """What a failed fault test prints: the run's status, the batch run's log and each service's last lines."""
+        parts = [self.h3("status", run_id).stdout, self.h3("logs", run_id).stdout]
+        for log in sorted((self.workdir / "services").glob("*.log")):
+            parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(parts)
+
     def journal(self, host: str) -> list[dict]:
         path = Path(self.config.hosts[host].storage.root) / "journal.jsonl"
         if not path.exists():

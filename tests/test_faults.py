@@ -4,7 +4,7 @@ Every case ends with every clip delivered — bytes matching the SHA-256 its man
 records and frames that decode — or with a clear failure that a later ``resume``
 completes; no stage runs again beyond the one the fault hit (counted from the engines'
 journal); and nothing hangs (each command has a bound). docs/operations.md has the
-same matrix as a table. Real server, workers, runners, receiver; the reference model
+same matrix as a table. Real server, h3flow workers, receiver; the reference model
 stands in for H3's weights.
 """
 
@@ -13,21 +13,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import av
 import pytest
-from cluster import Cluster, descendants, kill_tree, make_cluster, wait_until, write_batch
+from cluster import SILENCE_S, SLOW, Cluster, kill_tree, make_cluster, wait_until, write_batch
 
 from h3flow.core.files import file_intact
 from h3flow.pipeline.manifest import Manifest, load_manifest
+from h3flow.pipeline.prefect_api import RunFlowRun
 
 pytestmark = [pytest.mark.prefect, pytest.mark.faults]
-H3FLOW = str(Path(sys.prefix) / "bin" / "h3flow")
 BOUND_S = 420  # no case may take longer than this (a hang fails, it does not block CI)
-SLOW = {"spec": "sd", "seconds": 2, "steps": 24}  # a few seconds a sample: long enough to be caught mid-stage
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +37,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def h3(cluster: Cluster, *args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **cluster.env(), "COLUMNS": "200"}
-    return subprocess.run(
-        [H3FLOW, *args, "--config", str(cluster.config_path)], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    return cluster.h3(*args, timeout=timeout)
 
 
 def submit(cluster: Cluster, batch: Path) -> str:
-    res = h3(cluster, "run", str(batch), "--background")
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res.stdout.strip().splitlines()[-1]
+    return cluster.submit(batch)
 
 
 def manifest(cluster: Cluster, run_id: str) -> Manifest:
@@ -68,51 +61,48 @@ def assert_delivered(cluster: Cluster, run_id: str, clips: int) -> Manifest:
     return m
 
 
-def started(cluster: Cluster, host: str, stage: str, clips: set[str]) -> str | None:
-    """The first of ``clips`` whose ``stage`` has begun on ``host`` (the journal is written as it starts)."""
-    return next(
-        (line["clip"] for line in cluster.journal(host) if line["stage"] == stage and line["clip"] in clips), None
-    )
+def started(cluster: Cluster, host: str, stage: str, clips: set[str]) -> dict | None:
+    """The journal line of the first of ``clips`` whose ``stage`` has begun on ``host`` (written as it starts)."""
+    return next((line for line in cluster.journal(host) if line["stage"] == stage and line["clip"] in clips), None)
 
 
-def runner_process(cluster: Cluster, work_pool: str) -> int | None:
-    """The flow-run process its worker started: the pool runner, which runs the clips in-process."""
-    for pid in descendants(cluster.pidfile_pid(work_pool)):
-        try:
-            if b"prefect" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid != cluster.pidfile_pid(work_pool):
-                return pid
-        except OSError:
-            continue
-    return None
+def wait_for_stage(cluster: Cluster, host: str, stage: str, clips: set[str]) -> dict:
+    wait_until(lambda: started(cluster, host, stage, clips), 240, f"a {stage} of {sorted(clips)} to start on {host}")
+    line = started(cluster, host, stage, clips)
+    assert line is not None
+    return line
 
 
 def counts(cluster: Cluster, stage: str, clips: list[str]) -> dict[str, int]:
     return {clip: cluster.invocations(stage, clip) for clip in clips}
 
 
-def resume_until_taken_over(cluster: Cluster, run_id: str) -> subprocess.CompletedProcess[str]:
-    """``resume`` refuses while the old dispatcher heart-beats; it takes over once it is confirmed dead."""
-    tries: list[subprocess.CompletedProcess[str]] = []
+def flow_runs(cluster: Cluster, run_id: str) -> list[RunFlowRun]:
+    """The run's flow runs in Prefect: its batch (dispatcher) runs, then its clips' runs."""
+    from h3flow.pipeline.prefect_api import run_flow_runs
 
-    def taken_over() -> bool:
-        tries.append(h3(cluster, "resume", run_id))
-        return "still running" not in tries[-1].stderr
+    return run_flow_runs(cluster.config, run_id, manifest(cluster, run_id).flow_run_ids)
 
-    wait_until(taken_over, 120, "resume to take over", every=1)
-    return tries[-1]
+
+def one_completed_run_per_clip(cluster: Cluster, run_id: str, clips: list[str]) -> None:
+    """Whatever happened, each clip has exactly one completed sample run and one completed decode run."""
+    runs = flow_runs(cluster, run_id)
+    for clip in clips:
+        for stage in ("sample", "decode"):
+            done = [r for r in runs if r.clip == clip and r.stage == stage and r.state == "COMPLETED"]
+            assert len(done) == 1, (clip, stage, [(r.name, r.state) for r in runs if r.clip == clip])
 
 
 # --------------------------------------------------------------------------- killed processes
-def test_kill_9_of_the_sampler_runner_mid_sample(cluster: Cluster, tmp_path: Path) -> None:
-    """The OOM-killer case: the runner dies holding the stage's cache lock; the run completes without a hand."""
+def test_kill_9_of_a_sampler_worker_mid_sample(cluster: Cluster, tmp_path: Path) -> None:
+    """The OOM-killer case: a pool's worker (the process its clips run in) dies mid-sample, holding the
+    stage's cache lock and its GPU slot; the run completes on the other pool without a hand."""
     ids = [f"ks{i}" for i in range(4)]
     run_id = submit(
         cluster, write_batch(tmp_path / "ks.json", [{"id": c, "seed": 10 + i, **SLOW} for i, c in enumerate(ids)])
     )
-    wait_until(lambda: started(cluster, "host-a", "sample", set(ids)), 180, "a sample to start")
-    victim = runner_process(cluster, "h3-a0") or runner_process(cluster, "h3-a1")
-    assert victim is not None
-    os.kill(victim, signal.SIGKILL)
+    busy = wait_for_stage(cluster, "host-a", "sample", set(ids))
+    os.kill(cluster.pidfile_pid(f"h3-{busy['pool']}"), signal.SIGKILL)
     t0 = time.monotonic()
     res = h3(cluster, "wait", run_id)
     assert res.returncode == 0 and time.monotonic() - t0 < BOUND_S, res.stdout + res.stderr
@@ -120,22 +110,26 @@ def test_kill_9_of_the_sampler_runner_mid_sample(cluster: Cluster, tmp_path: Pat
     sampled = counts(cluster, "sample", ids)
     assert sum(sampled.values()) <= len(ids) + 2 and all(n >= 1 for n in sampled.values()), sampled
     assert all(n == 1 for n in counts(cluster, "decode", ids).values())
+    one_completed_run_per_clip(cluster, run_id, ids)
+    cluster.start()  # the next cases want both sampler pools
 
 
-def test_kill_9_of_the_decoder_runner_mid_decode(cluster: Cluster, tmp_path: Path) -> None:
+def test_kill_9_of_the_decoder_worker_mid_decode_then_it_comes_back(cluster: Cluster, tmp_path: Path) -> None:
+    """The only decoder's worker dies mid-decode and is started again (as a supervisor would): the
+    silent decode is marked Crashed by Prefect and decoded again once its GPU slot's lease expires."""
     ids = [f"kd{i}" for i in range(3)]
     run_id = submit(
         cluster, write_batch(tmp_path / "kd.json", [{"id": c, "seed": 20 + i, **SLOW} for i, c in enumerate(ids)])
     )
-    wait_until(lambda: started(cluster, "host-b", "decode", set(ids)), 240, "a decode to start")
-    victim = runner_process(cluster, "h3-b")
-    assert victim is not None
-    os.kill(victim, signal.SIGKILL)
+    wait_for_stage(cluster, "host-b", "decode", set(ids))
+    os.kill(cluster.pidfile_pid("h3-b"), signal.SIGKILL)
+    cluster.start()
     res = h3(cluster, "wait", run_id)
     assert res.returncode == 0, res.stdout + res.stderr
     assert_delivered(cluster, run_id, 3)
     assert all(n == 1 for n in counts(cluster, "sample", ids).values()), "sampling is never redone for a decode fault"
     assert sum(counts(cluster, "decode", ids).values()) <= len(ids) + 1
+    one_completed_run_per_clip(cluster, run_id, ids)
 
 
 def test_kill_9_of_the_receiver_then_it_comes_back(cluster: Cluster, tmp_path: Path) -> None:
@@ -143,7 +137,7 @@ def test_kill_9_of_the_receiver_then_it_comes_back(cluster: Cluster, tmp_path: P
     ids = ["kr0", "kr1"]
     os.kill(cluster.pidfile_pid("receiver"), signal.SIGKILL)
     run_id = submit(cluster, write_batch(tmp_path / "kr.json", [{"id": c, "seed": 30 + i} for i, c in enumerate(ids)]))
-    wait_until(lambda: started(cluster, "host-a", "transfer", set(ids)), 180, "a transfer to try the dead receiver")
+    wait_for_stage(cluster, "host-a", "transfer", set(ids))
     cluster.start()  # the receiver is back within the task's back-off (1 s, 3 s, 9 s)
     res = h3(cluster, "wait", run_id)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -151,18 +145,80 @@ def test_kill_9_of_the_receiver_then_it_comes_back(cluster: Cluster, tmp_path: P
     assert all(n == 1 for n in counts(cluster, "sample", ids).values())
 
 
-def test_kill_9_of_the_prefect_server_mid_run_then_resume(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_prefect_server_killed_restarted_40_s_later_and_resume_3_s_after(cluster: Cluster, tmp_path: Path) -> None:
+    """The docs' advice after a long outage, as an operator follows it: the dispatcher waits the
+    outage out; ``resume`` right after the restart either finds it alive (refused) or takes over a
+    dispatcher Prefect has marked Crashed — never two dispatchers on one run."""
     ids = [f"kp{i}" for i in range(4)]
     run_id = submit(
         cluster, write_batch(tmp_path / "kp.json", [{"id": c, "seed": 40 + i, **SLOW} for i, c in enumerate(ids)])
     )
-    wait_until(lambda: started(cluster, "host-a", "sample", set(ids)), 180, "sampling to start")
+    wait_for_stage(cluster, "host-a", "sample", set(ids))
     kill_tree(cluster.pidfile_pid("prefect-server"))
-    cluster.start()  # the outage lasts until the restarted server answers
-    res = resume_until_taken_over(cluster, run_id)
-    assert res.returncode == 0, res.stdout + res.stderr
+    time.sleep(40)  # the outage's length is the case, not a wait for something to happen
+    cluster.start()
+    time.sleep(3)
+    res = h3(cluster, "resume", run_id)
+    assert res.returncode == 0 or (res.returncode == 2 and "still running" in res.stderr), res.stdout + res.stderr
+    done = h3(cluster, "wait", run_id)
+    assert done.returncode == 0, done.stdout + done.stderr + cluster.diagnosis(run_id)
     assert_delivered(cluster, run_id, 4)
     assert all(n <= 2 for n in counts(cluster, "sample", ids).values())
+    one_dispatcher_at_a_time(cluster, run_id)
+
+
+def one_dispatcher_at_a_time(cluster: Cluster, run_id: str) -> None:
+    """The run's dispatchers (batch flow runs) never overlapped: each began after the one before ended."""
+    runs = [r for r in flow_runs(cluster, run_id) if r.clip is None]
+    assert runs and runs[-1].state == "COMPLETED", runs
+    assert all(r.state in ("CRASHED", "COMPLETED") for r in runs), runs
+    lines = dispatcher_lines(cluster, run_id)
+    assert len([line for line in lines if "run " + run_id + " completed" in line]) == 1, lines
+
+
+def dispatcher_lines(cluster: Cluster, run_id: str) -> list[str]:
+    log = Path(cluster.config.work_dir or "") / "services" / "worker-h3-control.log"
+    return [line for line in log.read_text().splitlines() if run_id in line]
+
+
+@pytest.mark.parametrize("stall_s", [33, SILENCE_S + 20], ids=["shorter-than-the-silence", "longer"])
+def test_a_stalled_dispatcher_resume_and_the_stall_ending_leave_one_dispatcher(
+    cluster: Cluster, tmp_path: Path, stall_s: float
+) -> None:
+    """The dispatcher's process frozen (SIGSTOP), ``resume``, then thawed (SIGCONT). A stall shorter
+    than the silence window: resume is refused and the same dispatcher finishes. A longer one: Prefect
+    marks it Crashed, resume takes over, and the thawed dispatcher stops at once without touching the
+    run (before: both ran on for minutes, restarting runners and rewriting the manifest)."""
+    ids = [f"st{int(stall_s)}-{i}" for i in range(4)]
+    run_id = submit(
+        cluster,
+        write_batch(
+            tmp_path / "st.json", [{"id": c, "seed": 9000 + 10 * int(stall_s) + i, **SLOW} for i, c in enumerate(ids)]
+        ),
+    )
+    wait_for_stage(cluster, "host-a", "sample", set(ids))
+    control = cluster.pidfile_pid("h3-control")
+    os.kill(control, signal.SIGSTOP)
+    try:
+        time.sleep(stall_s)  # the stall's length is the case
+        res = h3(cluster, "resume", run_id)
+    finally:
+        os.kill(control, signal.SIGCONT)
+    if stall_s < SILENCE_S:
+        assert res.returncode == 2 and "still running" in res.stderr, res.stdout + res.stderr
+    else:
+        assert res.returncode == 0, res.stdout + res.stderr
+    done = h3(cluster, "wait", run_id)
+    assert done.returncode == 0, done.stdout + done.stderr + cluster.diagnosis(run_id)
+    assert_delivered(cluster, run_id, 4)
+    one_completed_run_per_clip(cluster, run_id, ids)
+    one_dispatcher_at_a_time(cluster, run_id)
+    batch_runs = [r for r in flow_runs(cluster, run_id) if r.clip is None]
+    assert len(batch_runs) == (1 if stall_s < SILENCE_S else 2), batch_runs
+    if stall_s >= SILENCE_S:
+        assert any("this dispatcher stops" in line for line in dispatcher_lines(cluster, run_id))
+    samples = [r for r in flow_runs(cluster, run_id) if r.stage == "sample"]
+    assert len(samples) <= 2 * len(ids), [(r.name, r.state) for r in samples]
 
 
 # --------------------------------------------------------------------------- damaged files
@@ -205,7 +261,7 @@ def test_resume_while_the_run_is_going_is_refused(cluster: Cluster, tmp_path: Pa
     run_id = submit(cluster, write_batch(tmp_path / "rr.json", [{"id": "rr0", "seed": 70, **SLOW}]))
     wait_until(
         lambda: started(cluster, "host-a", "encode", {"rr0"}) or started(cluster, "host-a", "sample", {"rr0"}),
-        180,
+        240,
         "the run to start",
     )
     res = h3(cluster, "resume", run_id)
