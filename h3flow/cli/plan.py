@@ -8,18 +8,17 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
 from h3flow.cli.base import SET_UP, ConfigOpt, app, config_file, console, find_config, operator_command
+from h3flow.cli.plan_view import print_report
 from h3flow.config.models import HostMap, load_host_map, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
 from h3flow.core.specs import get_spec
 from h3flow.planner.best import DEFAULT_TIME_LIMIT
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
-from h3flow.planner.recommend import BASELINE_WHY, METHODS, Evaluation, evaluate, recommend, report_json
-from h3flow.planner.search import baseline, candidates
+from h3flow.planner.alternatives import fits_used, fitted_used, modelled_entries, under
+from h3flow.planner.recommend import METHODS, evaluate, plan_all, recommend, report_json
+from h3flow.planner.search import baseline, build, candidates
 from h3flow.planner.timing import PlanClip
 
 DEFAULT_CLIPS = 6
@@ -88,19 +87,31 @@ def run_plan(
     plan_clips, what = batch_clips(spec, batch, clips)
     prof = load_profile(profile)
     cands = candidates(hm, topology, prof)
-    evals = [evaluate(c, plan_clips, prof, policy, time_limit=time_limit) for c in cands]
     base_cand = baseline(hm, prof)
+    if topology == "all":  # the config's own topology and the baseline are always compared too
+        names = {c.canonical for c in cands}
+        for extra in ([build(hm, current, prof)] if current else []) + [base_cand]:
+            if extra.canonical not in names:
+                cands.append(extra)
+                names.add(extra.canonical)
+    single = topology not in ("all", "search")
+    fits = fits_used(prof, cands, plan_clips) if policy == "best" and not single else []
+    share = budget_shares(time_limit, bool(fits), single)
+    evals = plan_all(cands, plan_clips, prof, policy, seconds=share["topologies"], threshold=threshold)
     same = [
         e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)
     ]
-    base = same[0] if same else None
-    if base is None:
-        base = evaluate(base_cand, plan_clips, prof, policy, time_limit=time_limit)
-    rec = recommend(evals, threshold, plan_clips)
+    base = same[0] if same else evaluate(base_cand, plan_clips, prof, policy, time_limit=0)
+    rec = recommend(evals, threshold, plan_clips, seconds=share["payoff"], single=single)
+    outcomes = [
+        under(prof, name, cands, plan_clips, policy, threshold, share["fits"] / len(fits), rec.name if rec else None)
+        for name in (fits if rec and rec.name else [])
+    ]
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),
-        "profile_fitted": list(prof.data.fitted),
+        "profile_fitted": fitted_used(prof, cands, plan_clips),
+        "profile_modelled": modelled_entries(prof, cands, plan_clips),
         "batch": what,
         "clips": len(plan_clips),
         "policy": policy,
@@ -109,6 +120,10 @@ def run_plan(
         "current_topology": current,
     }
     out = report_json(evals, base, rec, meta)
+    out["other_fits"] = [o.as_json() for o in outcomes]
+    if rec is not None:
+        steady = {p.host: p.steady_gain for p in rec.payoffs}
+        out["other_fits_said"] = [o.sentence(rec.name, steady) for o in outcomes]
     target = next((e for e in evals if rec and e.name == rec.name), None) or next(
         (e for e in evals if e.schedule), None
     )
@@ -138,115 +153,17 @@ def run_plan(
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
-        print_report(evals, base, rec, out)
+        print_report(evals, base, rec, out, hm)
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> None:
-    console = Console(highlight=False)
-    if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
-        console = Console(highlight=False, width=160)
-    console.print(
-        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} "
-        f"(time limit {out['time_limit_s']:g} s per topology) · profile {out['profile']}",
-        soft_wrap=True,
-    )
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col, justify in [
-        ("topology", "left"),
-        ("makespan s", "right"),
-        ("clips/h", "right"),
-        ("steady", "right"),
-        ("vs baseline", "right"),
-        ("design RR", "right"),
-        ("bound s", "right"),
-        ("gap", "right"),
-        ("found by", "left"),
-        ("decoder idle", "left"),
-    ]:
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    rows = {r["topology"]: r for r in out["topologies"]}
-    feasible = [e for e in evals if e.schedule is not None]
-    infeasible = [e for e in evals if e.schedule is None]
-    width = max((len(e.name) for e in feasible), default=10) + 2
-    for ev in feasible:
-        r = rows[ev.name]
-        gain = r["gain_over_baseline"]
-        is_base = (
-            ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
-        )
-        idle = "  ".join(
-            f"{d} {pct:.0f}%, gaps {r['decoder_idle_gaps_s'][d]:.0f} s" for d, pct in r["decoder_idle_pct"].items()
-        )
-        table.add_row(
-            _label(ev, rec, out),
-            f"{r['makespan_s']:.1f}",
-            f"{r['clips_per_hour']:.2f}",
-            f"{r['steady_state_clips_per_hour']:.2f}",
-            "baseline" if is_base else (f"{gain:+.1%}" if gain is not None else "—"),
-            f"{r['design_policy']['clips_per_hour']:.2f}",
-            f"{r['proven_bound_s']:.1f}",
-            "optimal" if r["gap"] <= 1e-4 else f"{r['gap']:.2%}",
-            ev.method,
-            idle,
-        )
-    console.print(table)
-    console.print("[bold]utilisation[/] (busy share of the makespan):", soft_wrap=True)
-    for ev in feasible:
-        r = rows[ev.name]
-        encodes = {p.encoder for p in ev.candidate.resources.samplers if p.encoder != p.name}  # type: ignore[union-attr]
-        parts = [
-            f"{k} {_pct(v)}" + (" (encodes for others)" if k in encodes else "") for k, v in r["utilisation"].items()
-        ]
-        console.print(f"  {ev.name:<{width}}" + " · ".join(parts), soft_wrap=True)
-    shown = infeasible if len(infeasible) <= 8 else infeasible[:3]
-    for ev in shown:
-        console.print(f"[dim]cannot run: {ev.name}: {ev.candidate.reason}[/]", soft_wrap=True)
-    if len(infeasible) > len(shown):
-        more = len(infeasible) - len(shown)
-        console.print(f"[dim]... and {more} more topologies that cannot run on this hardware[/]", soft_wrap=True)
-    console.print(f"baseline: {base.name} ({base.rate:.2f} clips/h): {BASELINE_WHY}.", soft_wrap=True)
-    modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
-    if modelled:
-        console.print("[dim]modelled, not in the profile: " + "; ".join(modelled) + "[/]", soft_wrap=True)
-    if out["profile_fitted"]:
-        console.print(
-            "[dim]fitted to the design's table, not measured: "
-            + ", ".join(out["profile_fitted"])
-            + " (`h3flow calibrate` refits them from real runs)[/]",
-            soft_wrap=True,
-        )
-    if rec:
-        console.print(f"[bold green]recommended[/]: {rec.sentence}", soft_wrap=True)
-    else:
-        console.print("[bold red]no topology can run this batch on this hardware[/]", soft_wrap=True)
-    console.print(
-        "[dim]clips/h at this batch size; steady: clips/h a long batch of this mix approaches (the throughput "
-        "bound); design RR: clips/h under the design's round-robin; bound: proven lower bound on the makespan "
-        "(no schedule is shorter), gap: how much longer the plan is; decoder idle: share of the makespan, and "
-        "idle time between its first and last clip[/]",
-        soft_wrap=True,
-    )
-    if "gantt" in out:
-        console.print(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}", soft_wrap=True)
-    if "compare" in out:
-        console.print(
-            f"design's round-robin against the plan, {out['compare']['topology']}: {out['compare']['path']}",
-            soft_wrap=True,
-        )
-
-
-def _label(ev: Evaluation, rec, out: dict) -> str:
-    name = ev.name
-    if rec and ev.name == rec.name:
-        name += " ★"
-    if ev.name == out["current_topology"]:
-        name += " (local.json)"
-    return name
+def budget_shares(seconds: float, fits: bool, single: bool = False) -> dict[str, float]:
+    """The search budget of a plan: the topologies most, then the pay-off scan, then the other fits."""
+    if single:
+        return {"topologies": seconds, "payoff": 0.0, "fits": 0.0}
+    if fits:
+        return {"topologies": 0.6 * seconds, "payoff": 0.25 * seconds, "fits": 0.15 * seconds}
+    return {"topologies": 0.7 * seconds, "payoff": 0.3 * seconds, "fits": 0.0}
 
 
 @app.command(rich_help_panel=SET_UP)
