@@ -118,7 +118,7 @@ def under(
     from h3flow.planner.recommend import choose, hosts, plan_all
 
     other = profile.variant(name)
-    evals = plan_all(candidates, clips, other, method, seconds=seconds, threshold=threshold)
+    evals = plan_all(candidates, clips, other, method, seconds=seconds, threshold=threshold, design=False)
     ok = [e for e in evals if e.schedule is not None]
     rec = choose(ok, threshold) if ok else None
     steady: dict[str, float] = {}

@@ -62,13 +62,17 @@ class Best:
 class Search:
     """One batch on one topology: the best schedule and the best proven bound so far, improved in slices."""
 
-    def __init__(self, planner: Planner, clips: Sequence[ClipLike], *, seed: int = 0, workers: int = 1) -> None:
+    def __init__(
+        self, planner: Planner, clips: Sequence[ClipLike], *, seed: int = 0, workers: int = 1, design: bool = True
+    ) -> None:
+        """The heuristics (``design``: the design's round-robin too) and the analytic bound."""
         from h3flow.planner.simulate import simulate
 
         began = time.perf_counter()
         self.planner, self.clips = planner, [PlanClip.of(c) for c in clips]
         self.seed, self.workers = seed, workers
-        heuristics = {p.name: simulate(self.clips, planner, p(planner)) for p in (EarliestFinish, RoundRobin)}
+        policies = (EarliestFinish, RoundRobin) if design else (EarliestFinish,)
+        heuristics = {p.name: simulate(self.clips, planner, p(planner)) for p in policies}
         bound = lower_bound(planner, self.clips)
         method, schedule = min(
             heuristics.items(), key=lambda kv: (round(kv[1].makespan, 6), kv[0] != "earliest-finish")

@@ -52,6 +52,12 @@ def lower_bound(planner: Planner, clips: Sequence[ClipLike], *, steady: bool = T
     return Bound(seconds, binding, 3600.0 * throughput(inst) if steady else 0.0)
 
 
+def quick_bound(planner: Planner, clips: Sequence[ClipLike]) -> float:
+    """The analytic bound without its linear program (critical path, split point, decoding): cheaper, weaker."""
+    inst = Instance.of(planner, clips)
+    return max(critical_path(inst), split_point(inst), decoding(inst))
+
+
 def _release(inst: Instance, p: int) -> float:
     """The earliest a pool can start sampling: a borrower waits for its first encode."""
     return 0.0 if inst.own[p] else min(row[p] for row in inst.prep)

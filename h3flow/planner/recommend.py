@@ -96,7 +96,7 @@ def recommend(
 ) -> Recommendation | None:
     """The recommendation (:func:`choose`) and why; with ``clips``, each extra host's pay-off scanned over
     batch sizes within ``seconds``. ``single``: one topology was asked for — say so, recommend nothing."""
-    ok = [e for e in evals if e.schedule is not None]
+    ok = [e for e in evals if e.schedule is not None and not e.reference]
     if not ok:
         return None
     pct = f"{threshold:.0%}"
@@ -110,6 +110,8 @@ def recommend(
     rec = choose(ok, threshold)
     n = rec.clips
     why = f"{rec.rate:.2f} clips/h at {n} clips ({rec.steady:.2f} in steady state)"
+    if len(ok) == 1:
+        why = f"the only one of the topologies planned that runs on this hardware, {why}"
     smaller = [s for s in ok if _fewer_hosts(s, rec)]
     if smaller:
         nearest = max(smaller, key=lambda s: (len(hosts(s.candidate)), s.rate))
@@ -162,6 +164,8 @@ def _group(ok: list[Evaluation], wanted: frozenset[str]) -> Group | None:
 def row(ev: Evaluation, base: Evaluation | None, with_schedule: bool = True) -> dict[str, Any]:
     c = ev.candidate
     out: dict[str, Any] = {"topology": ev.name, "canonical": c.canonical, "feasible": c.feasible}
+    if ev.reference:
+        out["reference_only"] = True  # the baseline, planned for comparison: not a candidate
     if not c.feasible or ev.schedule is None:
         out["reason"] = c.reason
         return out

@@ -206,8 +206,20 @@ def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan
     m.add(last[e][1] >= last_encode + rest).only_enforce_if([used_b, any_after])
 
 
-def _tables(inst: Instance) -> tuple[list[list[float]], list[list[float]], list[list[float]], list[float], float]:
-    """Per pool and kind: held time, lent encode, tail; per kind: decode; the cheapest transfer."""
+Tables = tuple[list[list[float]], list[list[float]], list[list[float]], list[float], float]
+
+
+def _tables(inst: Instance) -> Tables:
+    """Per pool and kind: held time, lent encode, tail; per kind: decode; the cheapest transfer (computed once
+    per instance: the count searches call this thousands of times)."""
+    cached: Tables | None = inst.__dict__.get("_relax_tables")
+    if cached is None:
+        cached = _compute_tables(inst)
+        object.__setattr__(inst, "_relax_tables", cached)
+    return cached
+
+
+def _compute_tables(inst: Instance) -> Tables:
     n_kinds = max(inst.kind) + 1
     rep = [inst.kind.index(k) for k in range(n_kinds)]
     pools, kinds = range(inst.pools), range(n_kinds)
@@ -218,7 +230,7 @@ def _tables(inst: Instance) -> tuple[list[list[float]], list[list[float]], list[
         for p in pools
     ]
     decode = [min(inst.decode[rep[k]]) for k in kinds]
-    return held, prep, tail, decode, min(min(row) for row in inst.transfer)
+    return held, prep, tail, decode, min(min(inst.transfer[r]) for r in rep)
 
 
 def relaxed_makespan(inst: Instance, counts: list[list[int]]) -> float:

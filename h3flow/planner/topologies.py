@@ -37,6 +37,7 @@ class Evaluation:
     design: Schedule | None = None  # under the design's round-robin
     modelled: dict[str, str] = field(default_factory=dict)
     slices: int = 0
+    reference: bool = False  # planned for comparison only (the baseline when not asked for): never recommended
 
     @property
     def best(self) -> Best | None:
@@ -101,8 +102,11 @@ class Evaluation:
             self.slices += 1
 
 
-def start(candidate: Candidate, clips: list[PlanClip], profile: Profile, method: str) -> Evaluation:
-    """The heuristics and the analytic bound on ``candidate`` (nothing for an infeasible one)."""
+def start(
+    candidate: Candidate, clips: list[PlanClip], profile: Profile, method: str, *, design: bool = True
+) -> Evaluation:
+    """The heuristics and the analytic bound on ``candidate`` (nothing for an infeasible one); ``design``: the
+    design's round-robin too (for comparison)."""
     ev = Evaluation(candidate)
     if candidate.resources is None:
         return ev
@@ -110,8 +114,8 @@ def start(candidate: Candidate, clips: list[PlanClip], profile: Profile, method:
     planner.check(clips)  # a missing profile entry fails here, naming the entry
     ev.planner = planner
     if method == "best":
-        ev.search = Search(planner, clips)
-        ev.design = ev.search.best.heuristics[RoundRobin.name]
+        ev.search = Search(planner, clips, design=design)
+        ev.design = ev.search.best.heuristics.get(RoundRobin.name)
     else:
         ev.design = simulate(clips, planner, RoundRobin(planner))
         schedule = ev.design if method == "design" else simulate(clips, planner, EarliestFinish(planner))
@@ -157,21 +161,36 @@ def plan_all(
     *,
     seconds: float,
     threshold: float,
+    reference: frozenset[str] = frozenset(),
+    design: bool = True,
 ) -> list[Evaluation]:
-    """Every candidate planned, the search time spent where it decides (module docstring)."""
-    evals = [start(c, clips, profile, method) for c in candidates]
-    allocate(evals, seconds, threshold)
+    """Every candidate planned within ``seconds`` (the heuristics always), the search time spent where it decides
+    (module docstring); the ``reference``
+    topologies (canonical names) are planned for comparison only; ``design``: the design's round-robin too."""
+    began = time.perf_counter()
+    evals = [start(c, clips, profile, method, design=design) for c in candidates]
+    for ev in evals:
+        ev.reference = ev.candidate.canonical in reference
+    allocate(evals, began + seconds - time.perf_counter(), threshold)
     for ev in evals:
         check(ev, clips)
     return evals
 
 
 def groups(evals: list[Evaluation]) -> dict[frozenset[str], list[Evaluation]]:
-    """Feasible topologies by the extra hosts they use."""
+    """Feasible topologies (that may be recommended) by the extra hosts they use."""
     out: dict[frozenset[str], list[Evaluation]] = {}
     for ev in evals:
-        if ev.schedule is not None:
+        if ev.schedule is not None and not ev.reference:
             out.setdefault(ev.candidate.extras | ev.candidate.decoders, []).append(ev)
+    return out
+
+
+def leaders(evals: list[Evaluation], k: int = 2) -> list[Candidate]:
+    """The ``k`` fastest topologies of each group: what a recommendation is decided between."""
+    out = []
+    for members in groups(evals).values():
+        out += [e.candidate for e in sorted(members, key=lambda e: -e.rate)[:k]]
     return out
 
 
@@ -204,7 +223,7 @@ def allocate(evals: list[Evaluation], seconds: float, threshold: float) -> None:
         todo = open_ones(evals)
         if not todo:
             return
-        rec = choose([e for e in evals if e.schedule is not None], threshold)
+        rec = choose([e for e in evals if e.schedule is not None and not e.reference], threshold)
         leaders = {id(max(m, key=lambda e: e.rate)) for m in groups(evals).values()}
         weight = {id(e): 2.0 if e is rec else 1.0 if id(e) in leaders else 0.5 for e in todo}
         ev = min(todo, key=lambda e: (e.slices / weight[id(e)], -e.rate))
