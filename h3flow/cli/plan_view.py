@@ -119,14 +119,19 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec: Recommendation 
     for sentence in out.get("other_fits_said", []):
         say(sentence[0].upper() + sentence[1:] + ".", style="yellow", hang=2)
     console.print()
-    say(
-        "★ recommended · • the topology of local.json · clips/h: at this batch size · steady: what a long "
-        "batch of this mix approaches (throughput bound) · vs base: gain over the baseline · makespan: "
-        "seconds, first encode to last mux · bound: seconds no schedule beats (proven) · gap: makespan over "
-        "bound, 'optimal' only when proven; a topology that cannot be the fastest of those using the same "
-        "hosts keeps its heuristic plan · design RR: clips/h under the design's round-robin",
-        style="dim",
-    )
+    legend = ["★ recommended"] if rec is not None and rec.name else []
+    legend += ["• the topology of local.json"] if out["current_topology"] else []
+    legend += [
+        "clips/h: at this batch size",
+        "steady: what a long batch of this mix approaches (throughput bound)",
+        "vs base: gain over the baseline",
+        "makespan: seconds, first encode to last mux",
+        "bound: seconds no schedule beats (proven)",
+        "gap: makespan over bound, 'optimal' only when proven; a topology that cannot be the fastest of those "
+        "using the same hosts keeps its heuristic plan",
+        "design RR: clips/h under the design's round-robin",
+    ]
+    say(" · ".join(legend), style="dim")
     if "gantt" in out:
         say(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}")
     if "compare" in out:
