@@ -216,9 +216,16 @@ def _sub(tb: _Tables, clips: list[int]) -> _Tables:
 
 
 def plain_local_search(
-    planner: Planner, clips: Sequence[PlanClip], *, seconds: float = 5.0, seed: int = 1, restarts: int = 2
+    planner: Planner,
+    clips: Sequence[PlanClip],
+    *,
+    seconds: float = 5.0,
+    seed: int = 1,
+    restarts: int = 2,
+    max_evals: int | None = None,
 ) -> Schedule:
-    """Simulated annealing over pool assignment and priority order; the best schedule it meets."""
+    """Simulated annealing over pool assignment and priority order; the best schedule it meets (within
+    ``seconds``, or exactly ``max_evals`` candidate evaluations when given: reproducible)."""
     clips = list(clips)
     tb = _tables(planner, clips)
     n, npools = len(clips), len(tb.pools)
@@ -229,6 +236,7 @@ def plain_local_search(
     best_t, best = start, (list(pool), list(prio))
     deadline = time.perf_counter() + seconds
     per_run = seconds / max(restarts, 1)
+    per_evals = max_evals // max(restarts, 1) if max_evals is not None else None
     for run in range(max(restarts, 1)):
         if run:
             pool, prio = list(best[0]), list(best[1])
@@ -237,8 +245,19 @@ def plain_local_search(
         scale = cur.makespan * 0.01
         run_end = min(deadline, time.perf_counter() + per_run)
         began = time.perf_counter()
-        while (now := time.perf_counter()) < run_end:
-            temp = scale * max(1e-3, 1 - (now - began) / max(per_run, 1e-9))
+        step = 0
+        while True:
+            if per_evals is not None:
+                if step >= per_evals:
+                    break
+                progress = step / per_evals
+            else:
+                now = time.perf_counter()
+                if now >= run_end:
+                    break
+                progress = (now - began) / max(per_run, 1e-9)
+            step += 1
+            temp = scale * max(1e-3, 1 - progress)
             p2, o2 = list(pool), list(prio)
             r = rng.random()
             if r < 0.35 and npools > 1:

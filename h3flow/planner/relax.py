@@ -101,6 +101,9 @@ def solve_relaxation(
         m.add(makespan >= last_handoff + own_tail).only_enforce_if(used)
         m.add(makespan >= release + own_work + min(tail[p]))  # the same, linear: what the LP relaxation sees
         last.append((used, last_handoff, z))
+    for e in pools:
+        if borrowers_of[e]:
+            _encoder(m, e, borrowers_of[e], y, last, held, prep, horizon)
     if feeding:
         for e in pools:
             for b in borrowers_of[e]:
@@ -136,6 +139,38 @@ def solve_relaxation(
         return Relaxation(bound, None, False)
     counts = [[int(solver.value(y[p][k])) for k in kinds] for p in pools]
     return Relaxation(bound, counts, status == cp_model.OPTIMAL, solver.objective_value / SCALE)
+
+
+def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int) -> None:  # type: ignore[no-untyped-def]
+    """What an encoder pool's timeline adds: (1) it encodes its borrowers' first clips one after another, so they
+    start sampling one after another; (2) its last item ends after all its own work and every encode it lends:
+    either that item is one of its own clips (its last latent is written then) or a lent encode (and that
+    borrower still samples the clip after it)."""
+    kinds = range(len(held[e]))
+    used = {p: last[p][0] for p in [e, *borrowers]}
+    firsts = []
+    for b in borrowers:
+        size = min(prep[b])
+        begin = m.new_int_var(0, horizon, f"first{b}")
+        end = m.new_int_var(size, horizon, f"r{b}")
+        firsts.append(m.new_optional_fixed_size_interval_var(begin, size, used[b], f"firstenc{b}"))
+        m.add(end == begin + size)
+        m.add(last[b][1] >= end + sum(held[b][k] * y[b][k] for k in kinds)).only_enforce_if(used[b])
+    m.add_no_overlap(firsts)
+    total = sum(held[e][k] * y[e][k] for k in kinds) + sum(prep[b][k] * y[b][k] for b in borrowers for k in kinds)
+    ends = m.new_bool_var(f"ends_own{e}")
+    m.add_implication(ends, used[e])
+    m.add(last[e][1] >= total).only_enforce_if(ends)
+    lent_last = []
+    for b in borrowers:
+        c = m.new_bool_var(f"ends_lending{e}_{b}")
+        m.add_implication(c, used[b])
+        m.add(last[b][1] >= total + min(held[b])).only_enforce_if(c)
+        lent_last.append(c)
+    nothing = m.new_bool_var(f"idle{e}")  # neither it nor its borrowers take a clip
+    for p in used:
+        m.add_implication(nothing, used[p].negated())
+    m.add_exactly_one([ends, *lent_last, nothing])
 
 
 def _twins(inst: Instance) -> list[tuple[int, int]]:
