@@ -151,8 +151,9 @@ def _time(tb: _Tables, pool: list[int], prio: list[int]) -> _Timed | None:
         dec_start[j] = max(arrive[j], dec_free[d])
         dec_free[d] = dec_start[j] + tb.dec[j][d]
         finish[pool[j]] = max(finish[pool[j]], dec_free[d])
-    return _Timed(max(dec_free), finish, pool, enc_start, smp_start, [handed[j] for j in range(n)], link, sent,
-                  decoder, dec_start)
+    return _Timed(
+        max(dec_free), finish, pool, enc_start, smp_start, [handed[j] for j in range(n)], link, sent, decoder, dec_start
+    )
 
 
 def _schedule(planner: Planner, clips: Sequence[PlanClip], tb: _Tables, t: _Timed, name: str) -> Schedule:
@@ -178,11 +179,19 @@ def _schedule(planner: Planner, clips: Sequence[PlanClip], tb: _Tables, t: _Time
         dec = res.decoders[t.decoder[j]]
         decode, mux = planner.decoder_times(c, dec)
         d0 = t.dec_start[j]
-        runs += [StageRun(c.id, "decode", dec.name, d0, d0 + decode), StageRun(c.id, "mux", dec.name, d0 + decode,
-                                                                               d0 + decode + mux)]
+        runs += [
+            StageRun(c.id, "decode", dec.name, d0, d0 + decode),
+            StageRun(c.id, "mux", dec.name, d0 + decode, d0 + decode + mux),
+        ]
     ids = [c.id for c in clips]
-    return Schedule(res.topology, name, ids, runs, {c: tb.pools[t.pool[j]] for j, c in enumerate(ids)},
-                    {c: res.decoders[t.decoder[j]].name for j, c in enumerate(ids)})
+    return Schedule(
+        res.topology,
+        name,
+        ids,
+        runs,
+        {c: tb.pools[t.pool[j]] for j, c in enumerate(ids)},
+        {c: res.decoders[t.decoder[j]].name for j, c in enumerate(ids)},
+    )
 
 
 def _key(t: _Timed) -> tuple[float, float]:
@@ -211,8 +220,16 @@ def _greedy(tb: _Tables, n: int) -> tuple[list[int], list[int]]:
 
 
 def _sub(tb: _Tables, clips: list[int]) -> _Tables:
-    return _Tables(tb.pools, tb.encoder, tb.own, [tb.enc[j] for j in clips], [tb.smp[j] for j in clips], tb.routes,
-                   [tb.xfer[j] for j in clips], [tb.dec[j] for j in clips])
+    return _Tables(
+        tb.pools,
+        tb.encoder,
+        tb.own,
+        [tb.enc[j] for j in clips],
+        [tb.smp[j] for j in clips],
+        tb.routes,
+        [tb.xfer[j] for j in clips],
+        [tb.dec[j] for j in clips],
+    )
 
 
 def plain_local_search(

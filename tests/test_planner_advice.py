@@ -179,7 +179,7 @@ def test_the_other_fit_meets_the_designs_table_as_well() -> None:
 def test_a_fit_that_changes_the_recommendation_says_which_it_would_be(tmp_path: Path) -> None:
     text = DEFAULT_PROFILE.read_text()
     text = text.replace(
-        '[alternatives.power-law-scaling]',
+        "[alternatives.power-law-scaling]",
         '[alternatives.slow-xtx]\nwhy = "an XTX three times slower at HD"\n'
         'set = { "gpu.RX 7900 XTX.sample.hd.1" = 940.0 }\n\n[alternatives.power-law-scaling]',
     )

@@ -59,7 +59,9 @@ def test_the_table_shows_the_design_figures_and_the_recommendation() -> None:
     text = words(out)
     assert "base (the 'vs base' column) is eight_plus_one: all 8 × T10 GPUs of host-a in one pool" in text
     assert "recommended: four_four_plus_one" in text
-    assert "four_four_xtx_plus_one would add only +11.5% over four_four_plus_one at 6 clips (both proven optimal" in text
+    assert (
+        "four_four_xtx_plus_one would add only +11.5% over four_four_plus_one at 6 clips (both proven optimal" in text
+    )
     # the 15% rule is not a 6-clip artefact: the gain grows with the batch, and the plan says from when it pays
     assert (
         "the xtx host adds +11.5% at 6 clips (both proven optimal); >= 15% from 7 clips on the best schedules "

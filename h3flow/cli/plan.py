@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
 from h3flow.cli.base import SET_UP, ConfigOpt, app, config_file, console, find_config, operator_command
 from h3flow.cli.plan_view import print_report
 from h3flow.config.models import HostMap, load_host_map, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
 from h3flow.core.specs import get_spec
+from h3flow.planner.alternatives import fits_used, fitted_used, modelled_entries, under
 from h3flow.planner.best import DEFAULT_TIME_LIMIT
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
-from h3flow.planner.alternatives import fits_used, fitted_used, modelled_entries, under
 from h3flow.planner.recommend import METHODS, plan_all, recommend, report_json
 from h3flow.planner.search import baseline, build, candidates
 from h3flow.planner.timing import PlanClip

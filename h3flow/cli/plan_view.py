@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -91,7 +91,10 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec: Recommendation 
     for ev, name in zip(feasible, names, strict=True):
         r = rows[ev.name]
         lenders = {p.encoder for p in ev.candidate.resources.samplers if p.encoder != p.name}  # type: ignore[union-attr]
-        parts = [f"{k} {100 * v:.0f}%" + (" (encodes for others)" if k in lenders else "") for k, v in r["utilisation"].items()]
+        parts = [
+            f"{k} {100 * v:.0f}%" + (" (encodes for others)" if k in lenders else "")
+            for k, v in r["utilisation"].items()
+        ]
         say(f"{name}: " + " · ".join(parts), indent=2, hang=4)
     console.print()
     for line in not_planned([e for e in evals if e.schedule is None]):
@@ -138,7 +141,7 @@ def print_report(evals: list[Evaluation], base: Evaluation, rec: Recommendation 
         say(f"design's round-robin against the plan, {out['compare']['topology']}: {out['compare']['path']}")
 
 
-def _sayer(console: Console, width: int):  # type: ignore[no-untyped-def]
+def _sayer(console: Console, width: int) -> Callable[..., None]:
     def say(text: str, *, style: str | None = None, indent: int = 0, hang: int | None = None) -> None:
         """Print ``text`` wrapped between words at the console's width."""
         lines = textwrap.wrap(

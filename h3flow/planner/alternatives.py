@@ -99,9 +99,7 @@ def fitted_used(profile: Profile, candidates: list[Candidate], clips: list[PlanC
 
 def fits_used(profile: Profile, candidates: list[Candidate], clips: list[PlanClip]) -> list[str]:
     """The other fits that change a stage time of this batch on some feasible topology."""
-    return [
-        name for name in profile.data.alternatives if _changes(profile, profile.variant(name), candidates, clips)
-    ]
+    return [name for name in profile.data.alternatives if _changes(profile, profile.variant(name), candidates, clips)]
 
 
 def under(
@@ -125,9 +123,9 @@ def under(
     if rec is not None:
         mine = hosts(rec.candidate)
         for h in sorted({h for e in ok for h in hosts(e.candidate)}):
-            with_ = [e.steady for e in ok if hosts(e.candidate) == mine | {h}]
-            without = [e.steady for e in ok if hosts(e.candidate) == mine - {h}]
-            if with_ and without and max(without):
-                steady[h] = max(with_) / max(without) - 1
+            best_with = max((e.steady for e in ok if hosts(e.candidate) == mine | {h}), default=0.0)
+            best_without = max((e.steady for e in ok if hosts(e.candidate) == mine - {h}), default=0.0)
+            if best_with and best_without:
+                steady[h] = best_with / best_without - 1
     picked = rec.name if rec else None
     return Outcome(name, profile.data.alternatives[name].why, picked, picked == recommended, steady)

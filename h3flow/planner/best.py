@@ -30,7 +30,7 @@ from h3flow.planner.instance import Instance
 from h3flow.planner.policies import EarliestFinish, RoundRobin
 from h3flow.planner.schedule import Schedule
 from h3flow.planner.sequence import Sequences, from_counts, from_schedule, makespan, to_schedule
-from h3flow.planner.timing import ClipLike, Planner, PlanClip
+from h3flow.planner.timing import ClipLike, PlanClip, Planner
 
 DEFAULT_TIME_LIMIT = 2.0
 SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)

@@ -18,12 +18,16 @@ from h3flow.planner.sequence import AHEAD, Sequences
 
 def fed(inst: Instance, lists: list[list[int]]) -> Sequences:
     """Sequences giving pool ``p`` the clips ``lists[p]`` (any order): see the module's docstring."""
-    seqs: Sequences = [sorted(lst, key=lambda j, p=p: (-inst.held(j, p), j)) for p, lst in enumerate(lists)]
+    seqs: Sequences = [_longest_first(inst, lst, p) for p, lst in enumerate(lists)]
     for e in range(inst.pools):
         borrowers = [b for b in inst.borrowers if inst.encoder[b] == e and seqs[b]]
         if borrowers:
             seqs[e] = _interleave(inst, e, seqs[e], {b: seqs[b] for b in borrowers})
     return seqs
+
+
+def _longest_first(inst: Instance, clips: list[int], p: int) -> list[int]:
+    return sorted(clips, key=lambda j: (-inst.held(j, p), j))
 
 
 def _interleave(inst: Instance, e: int, own: list[int], lent: dict[int, list[int]]) -> list[int]:

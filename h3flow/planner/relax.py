@@ -141,7 +141,7 @@ def solve_relaxation(
     return Relaxation(bound, counts, status == cp_model.OPTIMAL, solver.objective_value / SCALE)
 
 
-def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int) -> None:  # type: ignore[no-untyped-def]
+def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int) -> None:
     """What an encoder pool's timeline adds: (1) it encodes its borrowers' first clips one after another, so they
     start sampling one after another; (2) its last item ends after all its own work and every encode it lends:
     either that item is one of its own clips (its last latent is written then) or a lent encode (and that
@@ -193,7 +193,7 @@ def _twins(inst: Instance) -> list[tuple[int, int]]:
     return out
 
 
-def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan, horizon: int) -> None:  # type: ignore[no-untyped-def]
+def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan, horizon: int) -> None:
     """Borrower ``b`` is fed by encoder pool ``e``: while ``e`` runs one of its own clips (encode to
     handoff, length ``L``) it encodes nothing, and ``b`` holds at most ``AHEAD`` encoded clips, so if
     that block ends before ``b``'s last encode ``E_b``, ``b`` idles at least ``L - AHEAD * w_max``

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from h3flow.planner.best import Best, Search
-from h3flow.planner.bounds import lower_bound
+from h3flow.planner.bounds import Bound, lower_bound
 from h3flow.planner.policies import EarliestFinish, RoundRobin
 from h3flow.planner.profile import Profile
 from h3flow.planner.schedule import Schedule
@@ -52,7 +52,7 @@ class Evaluation:
         return self.best.schedule if self.best else None
 
     @property
-    def bound(self):  # type: ignore[no-untyped-def]
+    def bound(self) -> Bound | None:
         return self.best.bound if self.best else None
 
     @property
