@@ -132,11 +132,13 @@ def test_a_long_batch_shows_its_real_gap_not_optimal() -> None:
         data = quiet_plan(batch=path, time_limit=0)
     finally:
         path.unlink()
+    gaps = []
     for row in (r for r in data["topologies"] if r["feasible"]):
-        proven = row["makespan_s"] <= row["proven_bound_s"] * (1 + 1e-9) + 1e-3
-        assert row["proven_optimal"] == (row["gap"] == 0) or proven, row["topology"]
-        if row["gap"] > 0:
-            assert not row["proven_optimal"]
+        assert row["proven_optimal"] == (row["gap"] == 0), row["topology"]  # optimal exactly at gap 0
+        if row["gap"] == 0:
+            assert row["makespan_s"] <= row["proven_bound_s"] + 1e-3, row["topology"]
+        gaps.append(row["gap"])
+    assert any(g > 0 for g in gaps)  # the heuristics alone do not prove every topology optimal here
 
 
 # --------------------------------------------------------------------------- modelled figures and other fits

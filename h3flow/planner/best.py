@@ -36,6 +36,7 @@ DEFAULT_TIME_LIMIT = 2.0
 SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)
 CP_MAX_CLIPS = 120  # larger batches: no CP-SAT (the model grows past what the time limit solves)
 RELAX_MAX_CLIPS = 400
+RELAX_SHARE = 0.35  # of the first slice, at most: the relaxation stops when it has proven its optimum
 TOLERANCE = 1e-9  # relative: a schedule this close to its bound is proven optimal (float noise only)
 
 
@@ -55,8 +56,10 @@ class Best:
 
     @property
     def gap(self) -> float:
-        """How much longer than the proven bound the schedule is (0.0 only when proven optimal)."""
-        return max(0.0, self.schedule.makespan / self.proven - 1) if self.proven > 0 else 0.0
+        """How much longer than the proven bound the schedule is (0.0 exactly when proven optimal)."""
+        if self.optimal or self.proven <= 0:
+            return 0.0
+        return max(self.schedule.makespan / self.proven - 1, 1e-12)
 
 
 class Search:
@@ -160,7 +163,7 @@ class Search:
         assert pool is not None
         if n <= RELAX_MAX_CLIPS and not self.optimal:
             relaxed = solve_relaxation(
-                inst, self._left(deadline) * (0.1 if n <= SMALL else 0.2), self.workers, min(pool)[1] if pool else None
+                inst, self._left(deadline) * RELAX_SHARE, self.workers, min(pool)[1] if pool else None
             )
             self._relaxed = relaxed.optimal
             self._prove(relaxed.bound, "load relaxation")
