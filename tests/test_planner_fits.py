@@ -39,5 +39,5 @@ def test_measuring_an_entry_drops_it_from_modelled_and_every_fit_that_changes_it
 def test_an_alternative_must_set_something() -> None:
     raw = tomllib.loads(DEFAULT_PROFILE.read_text())
     raw["alternatives"]["empty"] = {"why": "nothing", "set": {}}
-    with pytest.raises(ConfigError, match="alternatives.empty.set"):
+    with pytest.raises(ConfigError, match=r"alternatives\.empty\.set"):
         parse_profile(raw)
