@@ -36,7 +36,7 @@ DEFAULT_TIME_LIMIT = 2.0
 SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)
 CP_MAX_CLIPS = 120  # larger batches: no CP-SAT (the model grows past what the time limit solves)
 RELAX_MAX_CLIPS = 400
-RELAX_SHARE = 0.35  # of the first slice, at most: the relaxation stops when it has proven its optimum
+RELAX_SHARE = (0.35, 0.25)  # of the first slice (up to SMALL clips, above), at most: it stops once proven
 TOLERANCE = 1e-9  # relative: a schedule this close to its bound is proven optimal (float noise only)
 
 
@@ -163,7 +163,7 @@ class Search:
         assert pool is not None
         if n <= RELAX_MAX_CLIPS and not self.optimal:
             relaxed = solve_relaxation(
-                inst, self._left(deadline) * RELAX_SHARE, self.workers, min(pool)[1] if pool else None
+                inst, self._left(deadline) * RELAX_SHARE[n > SMALL], self.workers, min(pool)[1] if pool else None
             )
             self._relaxed = relaxed.optimal
             self._prove(relaxed.bound, "load relaxation")
@@ -178,9 +178,10 @@ class Search:
             if repr(counts) not in seen:
                 seen.add(repr(counts))
                 tops.append((key, counts, how))
-        share = self._left(deadline) * (0.15 if n <= CP_MAX_CLIPS else 0.4)
-        for i, (_, counts, _) in enumerate(tops[:3]):
-            key, _, seqs = climb(inst, counts, deadline=time.perf_counter() + share / 3, seed=self.seed + i)
+        share = self._left(deadline) * (0.15 if n <= SMALL else 0.35)
+        for i, (_, counts, _) in enumerate(tops[:3]):  # the best start gets half, the next two a quarter each
+            part = share * (0.5 if i == 0 else 0.25)
+            key, _, seqs = climb(inst, counts, deadline=time.perf_counter() + part, seed=self.seed + i)
             self._take(seqs, key[0], "assignment search")
         self._search(deadline)
 
@@ -202,7 +203,7 @@ class Search:
         assert self._seqs is not None
         if self.optimal:
             return
-        share = 0.2 if n <= SMALL else 0.8 if n <= CP_MAX_CLIPS else 1.0
+        share = 0.2 if n <= SMALL else 0.6 if n <= CP_MAX_CLIPS else 1.0
         found, value = improve(inst, self._seqs, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
         self._take(found, value, "local search")
         if n <= CP_MAX_CLIPS and not self.optimal and self._left(deadline) > 0.05:

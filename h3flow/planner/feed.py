@@ -6,7 +6,8 @@ clips: an own block longer than the borrower's clips in hand starves it. So an e
 pool here picks its next own clip by what fits before the next borrowed encode is due
 (the longest that fits), serves borrowed encodes as soon as their slot frees (most
 starved borrower first), and — when nothing fits — waits for the slot or runs its
-shortest clip, whichever wastes less time. Borrowers sample their clips longest first
+shortest clip, whichever projects the earlier finish (its own remaining work against
+each borrower's, the most urgent one starved by the overrun). Borrowers sample their clips longest first
 (long clips leave the encoder long gaps), pools that lend nothing run longest first.
 """
 
@@ -43,6 +44,9 @@ def _interleave(inst: Instance, e: int, own: list[int], lent: dict[int, list[int
         k = nxt[b]
         return 0.0 if k < AHEAD else handed[b][k - AHEAD]
 
+    def remaining_encodes() -> float:
+        return sum(inst.prep[i][b] for b in lent for i in lent[b][nxt[b] :])
+
     def due(b: int) -> float:
         """The latest start of b's next encode that keeps b sampling."""
         return free[b] - inst.prep[lent[b][nxt[b]]][b]
@@ -75,7 +79,14 @@ def _interleave(inst: Instance, e: int, own: list[int], lent: dict[int, list[int
         else:
             j = min(own, key=lambda j: (inst.held(j, e), j))
             opens = min(gate(b) for b in pending)
-            if opens - t <= t + inst.held(j, e) - (slack + t):  # waiting idles less than the block starves
+            # project both choices to the end: waiting idles the encoder pool, running the block starves the
+            # most urgent borrower for as long as it overruns; keep whichever projects the earlier finish
+            work = sum(inst.held(i, e) for i in own) + remaining_encodes()
+            ends = {b: free[b] + sum(inst.work[i][b] for i in lent[b][nxt[b] :]) for b in pending}
+            urgent = min(pending, key=due)
+            starved = dict(ends)
+            starved[urgent] += inst.held(j, e) - (due(urgent) - t)
+            if max(opens + work, *ends.values()) <= max(t + work, *starved.values()):
                 t = opens
                 continue
         own.remove(j)
