@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h3flow.planner.best import Search
-from h3flow.planner.bounds import quick_bound
+from h3flow.planner.bounds import lower_bound, quick_bound
 from h3flow.planner.timing import PlanClip, Planner
 
 SIZES = (*range(1, 17), 20, 24, 32, 40, 48)  # batch sizes scanned for "pays off from n clips"
@@ -186,7 +186,12 @@ class Group:
         searches = [(name, Search(p, batch, design=False)) for name, p in leaders]
         for _, search in searches:
             search.starts()
-        others = [quick_bound(p, batch) for name, p, _ in self.members if name not in names]
+        floor = min(search.best.proven for _, search in searches)
+        others = []
+        for name, p, _ in self.members:
+            if name not in names:  # the cheap bound first; the linear program only where it could be the lowest
+                quick = quick_bound(p, batch)
+                others.append(quick if quick >= floor else max(quick, lower_bound(p, batch, steady=False).seconds))
         return searches, others
 
 
@@ -202,6 +207,7 @@ def payoff(
     gains: dict[int, Gain] = {n: at_size}
     scans: dict[int, Scan] = {}
     sizes = sorted(set(SIZES) | {n}, reverse=True)
+    turn = 0
     while True:
         for size in sizes:  # from the largest down, while the found gain pays
             if size not in gains:  # the cheap pass always completes: the deadline is for searching further
@@ -211,7 +217,8 @@ def payoff(
                 gains[size] = scans[size].gain(size)
             if gains[size].value < threshold:
                 break
-        if not _refine(gains, scans, threshold, deadline) or time.perf_counter() >= deadline:
+        turn += 1
+        if not _refine(gains, scans, threshold, deadline, turn) or time.perf_counter() >= deadline:
             break
     return Payoff(
         host,
@@ -249,13 +256,17 @@ def _from(gains: dict[int, Gain], threshold: float, value: Any) -> int | None:
     return out
 
 
-def _refine(gains: dict[int, Gain], scans: dict[int, Scan], threshold: float, deadline: float) -> bool:
+def _refine(gains: dict[int, Gain], scans: dict[int, Scan], threshold: float, deadline: float, turn: int) -> bool:
     """Search further, within ``deadline``, at one size where the found and the proven gain disagree about the
-    threshold; True if its found gain crossed the threshold (the scan must go on below it)."""
+    threshold — in turn the largest such size (the proof goes on from the top) and the one whose found gain is
+    closest to the threshold (where the found pay-off size is decided); False when there is none."""
     open_ = [s for s, g in gains.items() if s in scans and g.low < threshold <= g.high]
     if not open_ or time.perf_counter() >= deadline:
         return False
-    size = min(open_, key=lambda s: (abs(gains[s].value - threshold), s))
+    if turn % 2:
+        size = min(open_, key=lambda s: (abs(gains[s].value - threshold), s))
+    else:
+        size = max(open_)
     scan = scans[size]
     before = gains[size]
     for _, search in scan.with_ + scan.without:
@@ -264,4 +275,4 @@ def _refine(gains: dict[int, Gain], scans: dict[int, Scan], threshold: float, de
     gains[size] = scan.gain(size)
     if gains[size] == before:
         del scans[size]  # no progress there: leave it
-    return (before.value < threshold) != (gains[size].value < threshold) or bool(scans)
+    return True
