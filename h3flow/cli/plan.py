@@ -111,7 +111,7 @@ def run_plan(
         plan_clips,
         prof,
         policy,
-        seconds=clock.share(1.0 if single else 0.6),
+        seconds=clock.share(1.0 if single else 0.7),
         threshold=threshold,
         reference=reference,
     )

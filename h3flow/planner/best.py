@@ -203,7 +203,14 @@ class Search:
         assert self._seqs is not None
         if self.optimal:
             return
-        share = 0.2 if n <= SMALL else 0.6 if n <= CP_MAX_CLIPS else 1.0
+        # CP-SAT closes small batches; past SMALL clips the first slice is all local search (CP-SAT rarely finds
+        # a shorter schedule there within seconds), later slices share it
+        if n <= SMALL:
+            share = 0.2
+        elif n <= CP_MAX_CLIPS and self._slices > 0:
+            share = 0.5
+        else:
+            share = 1.0
         found, value = improve(inst, self._seqs, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
         self._take(found, value, "local search")
         if n <= CP_MAX_CLIPS and not self.optimal and self._left(deadline) > 0.05:
@@ -213,15 +220,26 @@ class Search:
         """A later slice: the relaxation with the feeding constraints (a tighter bound), then more search."""
         from h3flow.planner.relax import solve_relaxation
 
+        from h3flow.planner.assign import climb
+
         inst = self.inst
-        if inst.n <= RELAX_MAX_CLIPS and inst.borrowers and not self._fed:
+        if inst.n <= RELAX_MAX_CLIPS and (not self._relaxed or (inst.borrowers and not self._fed)):
+            feeding = self._relaxed  # first finish the plain relaxation, then the one with the feeding constraints
+            hint = min(self._pool)[1] if self._pool else None
             relaxed = solve_relaxation(
-                inst, self._left(deadline) * 0.25, self.workers, feeding=True, floor=self.best.proven
+                inst, self._left(deadline) * 0.3, self.workers, hint, feeding=feeding, floor=self.best.proven
             )
-            self._fed = relaxed.optimal
+            if feeding:
+                self._fed = relaxed.optimal
+            else:
+                self._relaxed = relaxed.optimal
             self._prove(relaxed.bound, "load relaxation")
-            if relaxed.counts is not None:
+            if relaxed.counts is not None and not self.optimal:
                 self._counts_start(relaxed.counts, "load relaxation")
+                key, _, seqs = climb(
+                    inst, relaxed.counts, deadline=time.perf_counter() + self._left(deadline) * 0.2, seed=self._slices
+                )
+                self._take(seqs, key[0], "assignment search")
         self._search(deadline)
 
     def _cp_sat(self, deadline: float) -> None:
