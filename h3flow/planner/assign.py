@@ -2,7 +2,8 @@
 
 The load relaxation balances work but cannot see how an encoder pool's own clips and the
 encodes it lends fit together, so several of its optima sequence badly. Here each set of
-counts is turned into sequences (:func:`~h3flow.planner.feed.fed`) and timed in full;
+counts is turned into sequences two ways (keeping borrowers fed,
+:func:`~h3flow.planner.feed.fed`, and longest first) and the better is timed in full;
 a hill climb moves one clip of a kind between two pools, or exchanges clips of two
 kinds, while that shortens the schedule (ties: the pools' finish times, largest first).
 """
@@ -14,7 +15,7 @@ import time
 
 from h3flow.planner.feed import fed
 from h3flow.planner.instance import Instance
-from h3flow.planner.sequence import Sequences, evaluate
+from h3flow.planner.sequence import Sequences, evaluate, from_counts
 
 Counts = list[list[int]]
 Key = tuple[float, ...]
@@ -34,12 +35,18 @@ def lists_of(inst: Instance, counts: Counts) -> list[list[int]]:
 
 
 def timed(inst: Instance, counts: Counts) -> tuple[Key, Sequences]:
-    """The sequences for ``counts`` and their key (makespan, then pool finish times, largest first)."""
-    seqs = fed(inst, lists_of(inst, counts))
-    done = evaluate(inst, seqs)
-    if done is None:  # cannot happen with fed's order; keep the search total anyway
-        return (float("inf"),), seqs
-    return (round(done[1].makespan, 6), *sorted((round(f, 6) for f in done[1].finish), reverse=True)), seqs
+    """The better sequences for ``counts`` — keeping borrowers fed, or longest first with each borrowed encode
+    as early as it may go (neither wins everywhere) — and their key (makespan, then pool finish times, largest
+    first)."""
+    out: tuple[Key, Sequences] | None = None
+    for seqs in (fed(inst, lists_of(inst, counts)), from_counts(inst, counts)):
+        done = evaluate(inst, seqs)
+        if done is None:  # cannot happen with these orders; keep the search total anyway
+            continue
+        key = (round(done[1].makespan, 6), *sorted((round(f, 6) for f in done[1].finish), reverse=True))
+        if out is None or key < out[0]:
+            out = (key, seqs)
+    return out if out is not None else ((float("inf"),), fed(inst, lists_of(inst, counts)))
 
 
 def climb(inst: Instance, counts: Counts, *, deadline: float, seed: int = 0) -> tuple[Key, Counts, Sequences]:

@@ -29,7 +29,7 @@ from h3flow.planner.bounds import Bound, lower_bound
 from h3flow.planner.instance import Instance
 from h3flow.planner.policies import EarliestFinish, RoundRobin
 from h3flow.planner.schedule import Schedule
-from h3flow.planner.sequence import Sequences, from_counts, from_schedule, makespan, to_schedule
+from h3flow.planner.sequence import Sequences, from_schedule, makespan, to_schedule
 from h3flow.planner.timing import ClipLike, PlanClip, Planner
 
 DEFAULT_TIME_LIMIT = 2.0
@@ -190,8 +190,6 @@ class Search:
 
         key, seqs = timed(self.inst, counts)
         self._take(seqs, key[0], how)
-        plain = from_counts(self.inst, counts)
-        self._take(plain, makespan(self.inst, plain), how)
         if self._pool is not None:
             self._pool.append((key, counts, how))
 
@@ -218,9 +216,8 @@ class Search:
 
     def _more(self, deadline: float) -> None:
         """A later slice: the relaxation with the feeding constraints (a tighter bound), then more search."""
-        from h3flow.planner.relax import solve_relaxation
-
         from h3flow.planner.assign import climb
+        from h3flow.planner.relax import solve_relaxation
 
         inst = self.inst
         if inst.n <= RELAX_MAX_CLIPS and (not self._relaxed or (inst.borrowers and not self._fed)):

@@ -263,10 +263,8 @@ def _refine(gains: dict[int, Gain], scans: dict[int, Scan], threshold: float, de
     open_ = [s for s, g in gains.items() if s in scans and g.low < threshold <= g.high]
     if not open_ or time.perf_counter() >= deadline:
         return False
-    if turn % 2:
-        size = min(open_, key=lambda s: (abs(gains[s].value - threshold), s))
-    else:
-        size = max(open_)
+    closest = min(open_, key=lambda s: (abs(gains[s].value - threshold), s))
+    size = closest if turn % 2 else max(open_)
     scan = scans[size]
     before = gains[size]
     for _, search in scan.with_ + scan.without:
