@@ -105,7 +105,7 @@ def test_the_embedded_default_explains_its_baseline_and_summarises_what_cannot_r
     assert "cannot run" not in out
     sized = [line for line in out.splitlines() if line.startswith("not planned, 6 topologies need more GPUs")]
     assert len(sized) == 1, out
-    assert "recommended: one_one_plus_one: the only one of the topologies planned that runs on this hardware" in text
+    assert "recommended: one_one_plus_one: the only topology asked for that runs on this hardware" in text
 
 
 def test_piped_the_plan_is_as_narrow_as_in_a_terminal(tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def recommend(
     n = rec.clips
     why = f"{rec.rate:.2f} clips/h at {n} clips ({rec.steady:.2f} in steady state)"
     if len(ok) == 1:
-        why = f"the only one of the topologies planned that runs on this hardware, {why}"
+        why = f"the only topology asked for that runs on this hardware, {why}"
     smaller = [s for s in ok if _fewer_hosts(s, rec)]
     if smaller:
         nearest = max(smaller, key=lambda s: (len(hosts(s.candidate)), s.rate))
