@@ -221,7 +221,8 @@ def plan(
         typer.Option(help="best (heuristics + local search + CP-SAT) | earliest-finish | design (round-robin)."),
     ] = "best",
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Seconds of search per topology for 'best' (0: heuristics only).")
+        float,
+        typer.Option("--time-limit", help="Seconds for the whole plan: the search stops in time (0: heuristics only)."),
     ] = DEFAULT_TIME_LIMIT,
     compare: Annotated[
         Optional[Path],
