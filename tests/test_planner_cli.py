@@ -44,19 +44,31 @@ def one_line_error(result, *needles: str) -> str:
     return lines[0]
 
 
+def words(text: str) -> str:
+    """The output with its line breaks undone (the report wraps sentences at the terminal's width)."""
+    return " ".join(text.split())
+
+
 def test_the_table_shows_the_design_figures_and_the_recommendation() -> None:
     result = plan("--host-map", EXAMPLE)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    four_four = next(line for line in out.splitlines() if line.startswith("four_four_plus_one"))
-    assert "296.9" in four_four and "72.75" in four_four and "+48.5%" in four_four and "★" in four_four
-    assert "baseline: eight_plus_one" in out
-    assert "recommended: four_four_plus_one" in out
-    assert "four_four_xtx_plus_one would add only +11.5%" in out
-    # the 15% rule is not a 6-clip artefact: the gain grows with the batch, and the plan says from when it pays
-    assert "the xtx host adds +11.5% at 6 clips, >= 15% from 7 clips, +32.0% in steady state" in out
+    four_four = next(line for line in out.splitlines() if line.startswith("★ four_four_plus_one "))
+    assert "296.9" in four_four and "72.75" in four_four and "+48.5%" in four_four
     assert "optimal" in four_four  # the analytic bound proves the design's schedule optimal
-    assert "cannot run: one_one_plus_one" in out  # 1 x T10 (16 GB) cannot hold the 20 GB DiT
+    text = words(out)
+    assert "base (the 'vs base' column) is eight_plus_one: all 8 × T10 GPUs of host-a in one pool" in text
+    assert "recommended: four_four_plus_one" in text
+    assert (
+        "four_four_xtx_plus_one would add only +11.5% over four_four_plus_one at 6 clips (both proven optimal" in text
+    )
+    # the 15% rule is not a 6-clip artefact: the gain grows with the batch, and the plan says from when it pays
+    assert (
+        "the xtx host adds +11.5% at 6 clips (both proven optimal); >= 15% from 7 clips on the best schedules "
+        "found (proven); +32.0% in steady state (throughput bounds)"
+    ) in text
+    # 1 x T10 (16 GB) cannot hold the 20 GB DiT: one line says so
+    assert "not planned, 1 topology has a pool too small for the DiT: one_one_plus_one" in text
 
 
 def test_json_has_the_same_content_for_machines() -> None:
@@ -141,7 +153,14 @@ def test_a_batch_file_and_a_local_json_are_planned(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["current_topology"] == "four_four_xtx_plus_one" and data["clips"] == 4
-    assert [r["topology"] for r in data["topologies"]] == ["four_four_xtx_plus_one"]
+    # the one asked for, and the baseline for the 'vs base' column (never a candidate)
+    assert [(r["topology"], r.get("reference_only", False)) for r in data["topologies"]] == [
+        ("four_four_xtx_plus_one", False),
+        ("eight_plus_one", True),
+    ]
+    # one topology asked for: nothing to compare it with, so nothing is recommended (it says so)
+    assert data["recommendation"]["topology"] is None
+    assert "only four_four_xtx_plus_one was planned" in data["recommendation"]["why"]
 
 
 @pytest.mark.parametrize(

@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from h3flow.cli.base import SET_UP, ConfigOpt, app, config_file, console, find_config, operator_command
+from h3flow.cli.plan_view import print_report
 from h3flow.config.models import HostMap, load_host_map, load_local_config
 from h3flow.core.batch import load_batch
 from h3flow.core.errors import ConfigError
 from h3flow.core.specs import get_spec
+from h3flow.planner.alternatives import fits_used, fitted_used, modelled_entries, under
 from h3flow.planner.best import DEFAULT_TIME_LIMIT
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
-from h3flow.planner.recommend import BASELINE_WHY, METHODS, Evaluation, evaluate, recommend, report_json
-from h3flow.planner.search import baseline, candidates
+from h3flow.planner.recommend import METHODS, plan_all, recommend, report_json
+from h3flow.planner.search import baseline, build, candidates
 from h3flow.planner.timing import PlanClip
+from h3flow.planner.topologies import leaders
 
 DEFAULT_CLIPS = 6
+JSON_INDENT_CLIPS = 100
 
 
 def hardware(host_map: Path | None, config: Path | None) -> tuple[HostMap, str, str | None]:
@@ -84,23 +87,49 @@ def run_plan(
     for flag, path in (("--gantt", gantt), ("--compare", compare)):
         if path is not None and path.suffix.lower() != ".png":
             raise ConfigError(f"{flag} {path}: the chart is a PNG; name the file *.png")
+    began = time.perf_counter()
     hm, source, current = hardware(host_map, config)
     plan_clips, what = batch_clips(spec, batch, clips)
     prof = load_profile(profile)
     cands = candidates(hm, topology, prof)
-    evals = [evaluate(c, plan_clips, prof, policy, time_limit=time_limit) for c in cands]
     base_cand = baseline(hm, prof)
+    names = {c.canonical for c in cands}
+    if topology == "all" and current:  # the config's own topology is always a candidate
+        own = build(hm, current, prof)
+        if own.canonical not in names:
+            cands.append(own)
+            names.add(own.canonical)
+    reference = frozenset() if base_cand.canonical in names else frozenset({base_cand.canonical})
+    if reference:  # the baseline, planned for the 'vs base' column only
+        cands.append(base_cand)
+    single = topology not in ("all", "search")
+    asked = [c for c in cands if c.canonical not in reference]
+    fits = fits_used(prof, asked, plan_clips) if policy == "best" and not single else []
+    clock = Clock(began + time_limit - reserve(len(plan_clips), len(cands), as_json))
+    evals = plan_all(
+        cands,
+        plan_clips,
+        prof,
+        policy,
+        seconds=clock.share(1.0 if single else 0.7),
+        threshold=threshold,
+        reference=reference,
+    )
     same = [
         e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)
     ]
-    base = same[0] if same else None
-    if base is None:
-        base = evaluate(base_cand, plan_clips, prof, policy, time_limit=time_limit)
-    rec = recommend(evals, threshold, plan_clips)
+    base = same[0]
+    rec = recommend(evals, threshold, plan_clips, seconds=clock.share(0.6 if fits else 1.0), single=single)
+    outcomes = []
+    if rec and rec.name:
+        for i, name in enumerate(fits):
+            seconds = clock.share(1 / (len(fits) - i))
+            outcomes.append(under(prof, name, leaders(evals), plan_clips, policy, threshold, seconds, rec.name))
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),
-        "profile_fitted": list(prof.data.fitted),
+        "profile_fitted": fitted_used(prof, cands, plan_clips),
+        "profile_modelled": modelled_entries(prof, cands, plan_clips),
         "batch": what,
         "clips": len(plan_clips),
         "policy": policy,
@@ -109,6 +138,10 @@ def run_plan(
         "current_topology": current,
     }
     out = report_json(evals, base, rec, meta)
+    out["other_fits"] = [o.as_json() for o in outcomes]
+    if rec is not None:
+        steady = {p.host: p.steady_gain for p in rec.payoffs}
+        out["other_fits_said"] = [o.sentence(rec.name, steady) for o in outcomes]
     target = next((e for e in evals if rec and e.name == rec.name), None) or next(
         (e for e in evals if e.schedule), None
     )
@@ -135,118 +168,27 @@ def run_plan(
             out["gantt"] = {"topology": target.name, "path": str(gantt)}
         if compare:
             out["compare"] = {"topology": target.name, "path": str(compare)}
-    if as_json:
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    if as_json:  # indented for people up to 100 clips; above, compact (json's fast encoder: megabytes of schedule)
+        sys.stdout.write(json.dumps(out, indent=2 if len(plan_clips) <= JSON_INDENT_CLIPS else None) + "\n")
     else:
-        print_report(evals, base, rec, out)
+        print_report(evals, base, rec, out, hm)
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+class Clock:
+    """The plan's time: every phase searches for a share of what is left before ``deadline``."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def share(self, fraction: float) -> float:
+        return max(0.0, self.deadline - time.perf_counter()) * fraction
 
 
-def print_report(evals: list[Evaluation], base: Evaluation, rec, out: dict) -> None:
-    console = Console(highlight=False)
-    if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
-        console = Console(highlight=False, width=160)
-    console.print(
-        f"[bold]plan[/]: {out['batch']} · hardware {out['hardware']} · policy {out['policy']} "
-        f"(time limit {out['time_limit_s']:g} s per topology) · profile {out['profile']}",
-        soft_wrap=True,
-    )
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col, justify in [
-        ("topology", "left"),
-        ("makespan s", "right"),
-        ("clips/h", "right"),
-        ("steady", "right"),
-        ("vs baseline", "right"),
-        ("design RR", "right"),
-        ("bound s", "right"),
-        ("gap", "right"),
-        ("found by", "left"),
-        ("decoder idle", "left"),
-    ]:
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    rows = {r["topology"]: r for r in out["topologies"]}
-    feasible = [e for e in evals if e.schedule is not None]
-    infeasible = [e for e in evals if e.schedule is None]
-    width = max((len(e.name) for e in feasible), default=10) + 2
-    for ev in feasible:
-        r = rows[ev.name]
-        gain = r["gain_over_baseline"]
-        is_base = (
-            ev.candidate.canonical == base.candidate.canonical and ev.candidate.decoders == base.candidate.decoders
-        )
-        idle = "  ".join(
-            f"{d} {pct:.0f}%, gaps {r['decoder_idle_gaps_s'][d]:.0f} s" for d, pct in r["decoder_idle_pct"].items()
-        )
-        table.add_row(
-            _label(ev, rec, out),
-            f"{r['makespan_s']:.1f}",
-            f"{r['clips_per_hour']:.2f}",
-            f"{r['steady_state_clips_per_hour']:.2f}",
-            "baseline" if is_base else (f"{gain:+.1%}" if gain is not None else "—"),
-            f"{r['design_policy']['clips_per_hour']:.2f}",
-            f"{r['proven_bound_s']:.1f}",
-            "optimal" if r["gap"] <= 1e-4 else f"{r['gap']:.2%}",
-            ev.method,
-            idle,
-        )
-    console.print(table)
-    console.print("[bold]utilisation[/] (busy share of the makespan):", soft_wrap=True)
-    for ev in feasible:
-        r = rows[ev.name]
-        encodes = {p.encoder for p in ev.candidate.resources.samplers if p.encoder != p.name}  # type: ignore[union-attr]
-        parts = [
-            f"{k} {_pct(v)}" + (" (encodes for others)" if k in encodes else "") for k, v in r["utilisation"].items()
-        ]
-        console.print(f"  {ev.name:<{width}}" + " · ".join(parts), soft_wrap=True)
-    shown = infeasible if len(infeasible) <= 8 else infeasible[:3]
-    for ev in shown:
-        console.print(f"[dim]cannot run: {ev.name}: {ev.candidate.reason}[/]", soft_wrap=True)
-    if len(infeasible) > len(shown):
-        more = len(infeasible) - len(shown)
-        console.print(f"[dim]... and {more} more topologies that cannot run on this hardware[/]", soft_wrap=True)
-    console.print(f"baseline: {base.name} ({base.rate:.2f} clips/h): {BASELINE_WHY}.", soft_wrap=True)
-    modelled = sorted({k + " = " + v for e in evals for k, v in e.modelled.items()})
-    if modelled:
-        console.print("[dim]modelled, not in the profile: " + "; ".join(modelled) + "[/]", soft_wrap=True)
-    if out["profile_fitted"]:
-        console.print(
-            "[dim]fitted to the design's table, not measured: "
-            + ", ".join(out["profile_fitted"])
-            + " (`h3flow calibrate` refits them from real runs)[/]",
-            soft_wrap=True,
-        )
-    if rec:
-        console.print(f"[bold green]recommended[/]: {rec.sentence}", soft_wrap=True)
-    else:
-        console.print("[bold red]no topology can run this batch on this hardware[/]", soft_wrap=True)
-    console.print(
-        "[dim]clips/h at this batch size; steady: clips/h a long batch of this mix approaches (the throughput "
-        "bound); design RR: clips/h under the design's round-robin; bound: proven lower bound on the makespan "
-        "(no schedule is shorter), gap: how much longer the plan is; decoder idle: share of the makespan, and "
-        "idle time between its first and last clip[/]",
-        soft_wrap=True,
-    )
-    if "gantt" in out:
-        console.print(f"Gantt chart of {out['gantt']['topology']}: {out['gantt']['path']}", soft_wrap=True)
-    if "compare" in out:
-        console.print(
-            f"design's round-robin against the plan, {out['compare']['topology']}: {out['compare']['path']}",
-            soft_wrap=True,
-        )
-
-
-def _label(ev: Evaluation, rec, out: dict) -> str:
-    name = ev.name
-    if rec and ev.name == rec.name:
-        name += " ★"
-    if ev.name == out["current_topology"]:
-        name += " (local.json)"
-    return name
+def reserve(clips: int, topologies: int, as_json: bool) -> float:
+    """Seconds kept back from the search for validating and printing the plan (measured: ~0.05 ms per clip and
+    topology to validate, ~0.02 more to write as JSON)."""
+    return 0.05 + clips * topologies * (7e-5 if as_json else 5e-5)
 
 
 @app.command(rich_help_panel=SET_UP)
@@ -279,7 +221,8 @@ def plan(
         typer.Option(help="best (heuristics + local search + CP-SAT) | earliest-finish | design (round-robin)."),
     ] = "best",
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Seconds of search per topology for 'best' (0: heuristics only).")
+        float,
+        typer.Option("--time-limit", help="Seconds for the whole plan: the search stops in time (0: heuristics only)."),
     ] = DEFAULT_TIME_LIMIT,
     compare: Annotated[
         Optional[Path],

@@ -3,15 +3,20 @@
 1. The simulator's two policies (earliest-finish and the design's round-robin) give the
    starting schedules; the analytic bound (:mod:`~h3flow.planner.bounds`) may already
    prove the better one optimal.
-2. Whole clips of each kind per pool, balanced (:mod:`~h3flow.planner.relax`) from the
-   better heuristic's assignment and from the fractional-load LP's split, give more
-   starting points; the load relaxation, solved exactly, proves a tighter bound and gives
-   one more. Local search (:mod:`~h3flow.planner.improve`) improves the best of them.
-3. CP-SAT (:mod:`~h3flow.planner.solver`), warm-started from the best so far, searches
-   for the rest of the time limit and proves a bound (batches of up to ``CP_MAX_CLIPS``).
+2. Whole clips of each kind per pool: balanced (:mod:`~h3flow.planner.relax`) from the
+   better heuristic's assignment and from the fractional-load LP's split, and the load
+   relaxation's optimum (solved exactly: it proves a tighter bound). Each set of counts is
+   sequenced two ways — longest first, and keeping borrowers fed
+   (:mod:`~h3flow.planner.feed`) — and the best few are improved by moving clips between
+   pools on real schedules (:mod:`~h3flow.planner.assign`).
+3. Local search (:mod:`~h3flow.planner.improve`) on the best sequences.
+4. CP-SAT (:mod:`~h3flow.planner.solver`), warm-started from the best so far, for the
+   rest of the time (batches of up to ``CP_MAX_CLIPS``); it proves a bound too.
 
-The result is never worse than the best heuristic: each stage only replaces the
-schedule when it finds a shorter one. ``time_limit=0`` stops after step 1.
+:class:`Search` does this in slices of time, so ``h3flow plan`` can give its budget to the
+topologies that decide a recommendation; later slices search more (other seeds, the
+relaxation with the encoder pools' feeding constraints, CP-SAT again). The result is never
+worse than the best heuristic: a schedule is only replaced by a shorter one.
 """
 
 from __future__ import annotations
@@ -21,37 +26,251 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from h3flow.planner.bounds import Bound, lower_bound
-from h3flow.planner.improve import improve
 from h3flow.planner.instance import Instance
 from h3flow.planner.policies import EarliestFinish, RoundRobin
 from h3flow.planner.schedule import Schedule
-from h3flow.planner.sequence import Sequences, from_counts, from_schedule, makespan, to_schedule
-from h3flow.planner.timing import ClipLike, Planner
+from h3flow.planner.sequence import Sequences, from_schedule, makespan, to_schedule
+from h3flow.planner.timing import ClipLike, PlanClip, Planner
 
 DEFAULT_TIME_LIMIT = 2.0
 SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)
-CP_MAX_CLIPS = 120  # larger batches: local search only (the model grows past what the time limit solves)
+CP_MAX_CLIPS = 120  # larger batches: no CP-SAT (the model grows past what the time limit solves)
 RELAX_MAX_CLIPS = 400
-TOLERANCE = 1e-6
+RELAX_SHARE = (0.35, 0.25)  # of the first slice (up to SMALL clips, above), at most: it stops once proven
+TOLERANCE = 1e-9  # relative: a schedule this close to its bound is proven optimal (float noise only)
 
 
 @dataclass
 class Best:
     schedule: Schedule  # the best schedule found, validated by the caller
     method: (
-        str  # what found it: "earliest-finish", "design", "load balance", "load relaxation", "local search", "CP-SAT"
+        str  # what found it: "earliest-finish", "design", "load balance", "load relaxation", "assignment search",
+        # "local search", "CP-SAT"
     )
     bound: Bound  # the analytic bound (and the steady-state throughput bound)
     proven: float  # the best proven lower bound, seconds (>= bound.seconds)
     proven_by: str  # "analytic (<binding>)", "load relaxation" or "CP-SAT"
     optimal: bool
     heuristics: dict[str, Schedule] = field(default_factory=dict)  # the simulator's, by policy name
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time spent on it
 
     @property
     def gap(self) -> float:
-        """How much longer than the proven bound the schedule is (0.0: proven optimal)."""
-        return max(0.0, self.schedule.makespan / self.proven - 1) if self.proven > 0 else 0.0
+        """How much longer than the proven bound the schedule is (0.0 exactly when proven optimal)."""
+        if self.optimal or self.proven <= 0:
+            return 0.0
+        return max(self.schedule.makespan / self.proven - 1, 1e-12)
+
+
+class Search:
+    """One batch on one topology: the best schedule and the best proven bound so far, improved in slices."""
+
+    def __init__(
+        self, planner: Planner, clips: Sequence[ClipLike], *, seed: int = 0, workers: int = 1, design: bool = True
+    ) -> None:
+        """The heuristics (``design``: the design's round-robin too) and the analytic bound."""
+        from h3flow.planner.simulate import simulate
+
+        began = time.perf_counter()
+        self.planner, self.clips = planner, [PlanClip.of(c) for c in clips]
+        self.seed, self.workers = seed, workers
+        policies = (EarliestFinish, RoundRobin) if design else (EarliestFinish,)
+        heuristics = {p.name: simulate(self.clips, planner, p(planner)) for p in policies}
+        bound = lower_bound(planner, self.clips)
+        method, schedule = min(
+            heuristics.items(), key=lambda kv: (round(kv[1].makespan, 6), kv[0] != "earliest-finish")
+        )
+        self.best = Best(schedule, method, bound, bound.seconds, f"analytic ({bound.binding})", False, heuristics)
+        self._inst: Instance | None = None
+        self._seqs: Sequences | None = None
+        self._pool: list[tuple[tuple[float, ...], list[list[int]], str]] | None = None  # starts: key, counts, how
+        self._relaxed = False  # the relaxation was solved (without the feeding constraints)
+        self._fed = False  # ... and with them
+        self._slices = 0
+        self._finish(began)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def optimal(self) -> bool:
+        return self.best.optimal
+
+    @property
+    def inst(self) -> Instance:
+        if self._inst is None:
+            self._inst = Instance.of(self.planner, self.clips)
+            self._seqs = from_schedule(self._inst, self.best.schedule)
+        return self._inst
+
+    def _finish(self, began: float) -> None:
+        b = self.best
+        b.optimal = b.schedule.makespan <= b.proven * (1 + TOLERANCE)
+        b.seconds += time.perf_counter() - began
+
+    def _take(self, seqs: Sequences, value: float, how: str) -> bool:
+        """Keep ``seqs`` if shorter than the best so far."""
+        if value < self.best.schedule.makespan * (1 - TOLERANCE) - 1e-9:
+            self._seqs = seqs
+            self.best.schedule, self.best.method = to_schedule(self.inst, seqs, how), how
+            return True
+        return False
+
+    def _prove(self, bound: float, by: str) -> None:
+        if bound > self.best.proven:
+            self.best.proven, self.best.proven_by = bound, by
+
+    # ------------------------------------------------------------------ search
+    def step(self, seconds: float) -> Best:
+        """Spend up to ``seconds`` of wall time on a better schedule and a better bound."""
+        began = time.perf_counter()
+        deadline = began + max(seconds, 0.0)
+        if not self.optimal and seconds > 0 and len(self.clips) > 1:
+            if self._slices == 0:
+                self._first(deadline)
+            else:
+                self._more(deadline)
+            self._slices += 1
+        self._finish(began)
+        return self.best
+
+    def _left(self, deadline: float) -> float:
+        return max(0.0, deadline - time.perf_counter())
+
+    def starts(self) -> Best:
+        """The cheap starts (milliseconds): whole clips per pool balanced from the better heuristic's assignment and
+        from the fractional-load LP's split, each sequenced longest first and keeping borrowers fed."""
+        if self._pool is not None or self.optimal or len(self.clips) < 2:
+            return self.best
+        from h3flow.planner.bounds import balanced_counts
+        from h3flow.planner.relax import balance_counts
+
+        began = time.perf_counter()
+        inst = self.inst
+        assert self._seqs is not None
+        self._pool = []
+        for counts in (counts_of(inst, self._seqs), balanced_counts(inst)):
+            self._counts_start(balance_counts(inst, counts), "load balance")
+        self._finish(began)
+        return self.best
+
+    def _first(self, deadline: float) -> None:
+        from h3flow.planner.assign import climb
+        from h3flow.planner.relax import solve_relaxation
+
+        self.starts()
+        inst = self.inst
+        n = inst.n
+        pool = self._pool
+        assert pool is not None
+        if n <= RELAX_MAX_CLIPS and not self.optimal:
+            relaxed = solve_relaxation(
+                inst, self._left(deadline) * RELAX_SHARE[n > SMALL], self.workers, min(pool)[1] if pool else None
+            )
+            self._relaxed = relaxed.optimal
+            self._prove(relaxed.bound, "load relaxation")
+            if relaxed.counts is not None:
+                self._counts_start(relaxed.counts, "load relaxation")
+        if self.optimal:
+            return
+        # the best distinct starts, each improved on real schedules
+        seen: set[str] = set()
+        tops = []
+        for key, counts, how in sorted(pool):
+            if repr(counts) not in seen:
+                seen.add(repr(counts))
+                tops.append((key, counts, how))
+        share = self._left(deadline) * (0.15 if n <= SMALL else 0.35)
+        for i, (_, counts, _) in enumerate(tops[:3]):  # the best start gets half, the next two a quarter each
+            part = share * (0.5 if i == 0 else 0.25)
+            key, _, seqs = climb(inst, counts, deadline=time.perf_counter() + part, seed=self.seed + i)
+            self._take(seqs, key[0], "assignment search")
+        self._search(deadline)
+
+    def _counts_start(self, counts: list[list[int]], how: str) -> None:
+        from h3flow.planner.assign import timed
+
+        key, seqs = timed(self.inst, counts)
+        self._take(seqs, key[0], how)
+        if self._pool is not None:
+            self._pool.append((key, counts, how))
+
+    def _search(self, deadline: float) -> None:
+        from h3flow.planner.improve import improve
+
+        inst = self.inst
+        n = inst.n
+        assert self._seqs is not None
+        if self.optimal:
+            return
+        # CP-SAT closes small batches; past SMALL clips the first slice is all local search (CP-SAT rarely finds
+        # a shorter schedule there within seconds), later slices share it
+        if n <= SMALL:
+            share = 0.2
+        elif n <= CP_MAX_CLIPS and self._slices > 0:
+            share = 0.5
+        else:
+            share = 1.0
+        found, value = improve(inst, self._seqs, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
+        self._take(found, value, "local search")
+        if n <= CP_MAX_CLIPS and not self.optimal and self._left(deadline) > 0.05:
+            self._cp_sat(deadline)
+
+    def _more(self, deadline: float) -> None:
+        """A later slice: the relaxation with the feeding constraints (a tighter bound), then more search."""
+        from h3flow.planner.assign import climb
+        from h3flow.planner.relax import solve_relaxation
+
+        inst = self.inst
+        if inst.n <= RELAX_MAX_CLIPS and (not self._relaxed or (inst.borrowers and not self._fed)):
+            feeding = self._relaxed  # first finish the plain relaxation, then the one with the feeding constraints
+            hint = min(self._pool)[1] if self._pool else None
+            relaxed = solve_relaxation(
+                inst, self._left(deadline) * 0.3, self.workers, hint, feeding=feeding, floor=self.best.proven
+            )
+            if feeding:
+                self._fed = relaxed.optimal
+            else:
+                self._relaxed = relaxed.optimal
+            self._prove(relaxed.bound, "load relaxation")
+            if relaxed.counts is not None and not self.optimal:
+                self._counts_start(relaxed.counts, "load relaxation")
+                key, _, seqs = climb(
+                    inst, relaxed.counts, deadline=time.perf_counter() + self._left(deadline) * 0.2, seed=self._slices
+                )
+                self._take(seqs, key[0], "assignment search")
+        self._search(deadline)
+
+    def _cp_sat(self, deadline: float) -> None:
+        from h3flow.planner.sequence import delivery_runs, sampler_runs
+        from h3flow.planner.solver import solve_cp
+
+        inst = self.inst
+        assert self._seqs is not None
+        cp = solve_cp(
+            inst,
+            seconds=self._left(deadline),
+            hint=self._seqs,
+            known_bound=self.best.proven,
+            workers=self.workers,
+            seed=self.seed,
+        )
+        self._prove(cp.bound, "CP-SAT")
+        if cp.timeline is None or cp.delivery is None or cp.sequences is None:
+            return
+        retimed = makespan(inst, cp.sequences)
+        if retimed <= cp.delivery.makespan:
+            self._take(cp.sequences, retimed, "CP-SAT")
+        elif cp.delivery.makespan < self.best.schedule.makespan * (1 - TOLERANCE) - 1e-9:
+            res = self.planner.resources
+            ids = [c.id for c in inst.clips]
+            self.best.schedule = Schedule(
+                res.topology,
+                "CP-SAT",
+                ids,
+                sampler_runs(inst, cp.timeline) + delivery_runs(inst, cp.delivery),
+                {c: res.samplers[cp.timeline.pool_of[j]].name for j, c in enumerate(ids)},
+                {c: res.decoders[cp.delivery.decoder[j]].name for j, c in enumerate(ids)},
+            )
+            self.best.method = "CP-SAT"
 
 
 def best_schedule(
@@ -62,81 +281,9 @@ def best_schedule(
     seed: int = 0,
     workers: int = 1,
 ) -> Best:
-    from h3flow.planner.simulate import simulate
-
-    began = time.perf_counter()
-    deadline = began + max(time_limit, 0.0)
-    heuristics = {p.name: simulate(clips, planner, p(planner)) for p in (EarliestFinish, RoundRobin)}
-    bound = lower_bound(planner, clips)
-    method, schedule = min(heuristics.items(), key=lambda kv: (round(kv[1].makespan, 6), kv[0] != "earliest-finish"))
-    result = Best(schedule, method, bound, bound.seconds, f"analytic ({bound.binding})", False, heuristics)
-
-    def done() -> Best:
-        result.optimal = result.schedule.makespan <= result.proven * (1 + TOLERANCE)
-        result.seconds = time.perf_counter() - began
-        return result
-
-    if result.schedule.makespan <= bound.seconds * (1 + TOLERANCE) or time_limit <= 0:
-        return done()
-    inst = Instance.of(planner, clips)
-    seqs: Sequences = from_schedule(inst, schedule)
-    current = makespan(inst, seqs)
-
-    def take(found: Sequences, value: float, how: str) -> None:
-        nonlocal seqs, current
-        if value < min(current, result.schedule.makespan) - TOLERANCE:
-            seqs, current = found, value
-            result.schedule, result.method = to_schedule(inst, found, how), how
-
-    # balanced starting points: whole clips per pool from today's assignment and from the LP's split
-    from h3flow.planner.bounds import balanced_counts
-    from h3flow.planner.relax import balance_counts, relaxed_makespan, solve_relaxation
-
-    counts = [balance_counts(inst, c) for c in (counts_of(inst, seqs), balanced_counts(inst))]
-    for c in counts:
-        start = from_counts(inst, c)
-        take(start, makespan(inst, start), "load balance")
-    if inst.n <= RELAX_MAX_CLIPS:  # solved exactly: a tighter bound, and its counts as another start
-        left = deadline - time.perf_counter()
-        hint = min(counts, key=lambda c: relaxed_makespan(inst, c))
-        relaxed = solve_relaxation(inst, left * (0.1 if inst.n <= SMALL else 0.2), workers, hint)
-        if relaxed.bound > result.proven:
-            result.proven, result.proven_by = relaxed.bound, "load relaxation"
-        if relaxed.counts is not None:
-            start = from_counts(inst, relaxed.counts)
-            take(start, makespan(inst, start), "load relaxation")
-    if result.schedule.makespan <= result.proven * (1 + TOLERANCE):
-        return done()
-    left = deadline - time.perf_counter()
-    share = 0.2 if inst.n <= SMALL else 0.8 if inst.n <= CP_MAX_CLIPS else 1.0
-    found, value = improve(inst, seqs, seconds=left * share, seed=seed)
-    take(found, value, "local search")
-    if inst.n <= CP_MAX_CLIPS and result.schedule.makespan > result.proven * (1 + TOLERANCE):
-        from h3flow.planner.solver import solve_cp
-
-        left = deadline - time.perf_counter()
-        cp = solve_cp(inst, seconds=left, hint=seqs, known_bound=result.proven, workers=workers, seed=seed)
-        if cp.bound > result.proven:
-            result.proven, result.proven_by = cp.bound, "CP-SAT"
-        if cp.timeline is not None and cp.delivery is not None and cp.sequences is not None:
-            from h3flow.planner.sequence import delivery_runs, sampler_runs
-
-            retimed = makespan(inst, cp.sequences)
-            if retimed <= cp.delivery.makespan:
-                take(cp.sequences, retimed, "CP-SAT")
-            elif cp.delivery.makespan < result.schedule.makespan - TOLERANCE:
-                res = planner.resources
-                ids = [c.id for c in inst.clips]
-                result.schedule = Schedule(
-                    res.topology,
-                    "CP-SAT",
-                    ids,
-                    sampler_runs(inst, cp.timeline) + delivery_runs(inst, cp.delivery),
-                    {c: res.samplers[cp.timeline.pool_of[j]].name for j, c in enumerate(ids)},
-                    {c: res.decoders[cp.delivery.decoder[j]].name for j, c in enumerate(ids)},
-                )
-                result.method = "CP-SAT"
-    return done()
+    """The best schedule found within ``time_limit`` seconds, its proven bound and the gap (0: heuristics only)."""
+    search = Search(planner, clips, seed=seed, workers=workers)
+    return search.step(time_limit - search.best.seconds) if time_limit > 0 else search.best
 
 
 def counts_of(inst: Instance, seqs: Sequences) -> list[list[int]]:

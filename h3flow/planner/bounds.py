@@ -39,7 +39,8 @@ class Bound:
     clips_per_hour: float  # steady-state throughput bound for clips in the batch's mix
 
 
-def lower_bound(planner: Planner, clips: Sequence[ClipLike]) -> Bound:
+def lower_bound(planner: Planner, clips: Sequence[ClipLike], *, steady: bool = True) -> Bound:
+    """The analytic bound; with ``steady``, the steady-state throughput bound too (else 0)."""
     inst = Instance.of(planner, clips)
     candidates = [
         (critical_path(inst), "critical path"),
@@ -48,7 +49,13 @@ def lower_bound(planner: Planner, clips: Sequence[ClipLike]) -> Bound:
         (decoding(inst), "decoding"),
     ]
     seconds, binding = max(candidates)
-    return Bound(seconds, binding, 3600.0 * throughput(inst))
+    return Bound(seconds, binding, 3600.0 * throughput(inst) if steady else 0.0)
+
+
+def quick_bound(planner: Planner, clips: Sequence[ClipLike]) -> float:
+    """The analytic bound without its linear program (critical path, split point, decoding): cheaper, weaker."""
+    inst = Instance.of(planner, clips)
+    return max(critical_path(inst), split_point(inst), decoding(inst))
 
 
 def _release(inst: Instance, p: int) -> float:

@@ -81,9 +81,13 @@ def fit_profile(
 
 
 def _measured(raw: dict[str, Any], entry: str) -> None:
-    """A calibrated entry is measured now: no longer listed as fitted."""
+    """A calibrated entry is measured now: no longer listed as fitted or modelled, and no other fit changes it."""
     if entry in raw.get("fitted", []):
         raw["fitted"] = [e for e in raw["fitted"] if e != entry]
+    raw.get("modelled", {}).pop(entry, None)
+    for name, alt in list(raw.get("alternatives", {}).items()):
+        if entry in alt.get("set", {}):
+            del raw["alternatives"][name]
 
 
 def lookup(get: Any, *args: Any) -> float:

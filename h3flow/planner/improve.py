@@ -230,10 +230,33 @@ def descend(inst: Instance, seqs: Sequences, *, seconds: float, max_evals: int, 
 def improve(
     inst: Instance, seqs: Sequences, *, seconds: float = 0.5, max_evals: int = 50_000, seed: int = 0
 ) -> tuple[Sequences, float]:
-    """Better sequences than ``seqs`` (or ``seqs`` itself) and their makespan: late acceptance for most of the
-    budget, then a descent to the nearest local optimum."""
+    """Better sequences than ``seqs`` (or ``seqs`` itself) and their makespan: rounds of late acceptance and a
+    descent to the nearest local optimum, each later round started from the best so far perturbed by a few random
+    swaps (iterated local search: late acceptance alone never takes a longer makespan, so it cannot leave a deep
+    local optimum)."""
     if inst.n < 2:
         return seqs, key_of(inst, seqs)[0]  # type: ignore[index]
-    wide, key = late_acceptance(inst, seqs, seconds=0.75 * seconds, max_evals=int(0.75 * max_evals), seed=seed)
-    best, key = descend(inst, wide, seconds=0.25 * seconds, max_evals=max_evals // 4, seed=seed)
-    return best, key[0]
+    rng = random.Random(seed)
+    deadline = time.perf_counter() + seconds
+    best, best_key = seqs, key_of(inst, seqs)
+    assert best_key is not None
+    current = seqs
+    left = max_evals
+    for round_ in range(1_000_000):
+        now = time.perf_counter()
+        if left <= 0 or now >= deadline:
+            break
+        budget = left // 2 if round_ == 0 else min(left, max(left // 4, 400))
+        span = (deadline - now) * (0.5 if round_ == 0 else 0.25)
+        wide, _ = late_acceptance(inst, current, seconds=0.75 * span, max_evals=int(0.75 * budget), seed=seed + round_)
+        local, key = descend(inst, wide, seconds=0.25 * span, max_evals=budget // 4, seed=seed + round_)
+        left -= budget
+        if key < best_key:
+            best, best_key = local, key
+        for _ in range(8):  # a perturbation that deadlocks is drawn again
+            current = _perturb(inst, best, rng, 2 + round_ % 3)
+            if key_of(inst, current) is not None:
+                break
+        else:
+            current = best
+    return best, best_key[0]

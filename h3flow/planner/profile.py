@@ -55,7 +55,11 @@ class GpuTimes(_Strict):
 
 
 class Scaling(_Strict):
-    model: Literal["amdahl"] = "amdahl"
+    model: Literal["amdahl", "power"] = Field(
+        "amdahl",
+        description="unlisted Ulysses degrees: Amdahl's law S1 (f + (1 - f) / d), or a power law S(d) = a d^-b; "
+        "each fitted through two listed degrees",
+    )
     serial_fraction: Annotated[float, Field(ge=0, le=1)] = 0.2
     attention_share: Annotated[float, Field(ge=0, le=1)] = Field(
         0.05, description="attention's share of a reference clip's sampling, for a GPU with one listed resolution"
@@ -83,6 +87,13 @@ class Orchestration(_Strict):
     )
 
 
+class Alternative(_Strict):
+    """Another fit of the same measurements: profile entries (dotted, as in ``fitted``) set to other values."""
+
+    why: str
+    set: dict[str, float | str] = Field(min_length=1)
+
+
 class ProfileFile(_Strict):
     version: Literal[1] = 1
     clip_seconds: Seconds = 5.0
@@ -90,6 +101,14 @@ class ProfileFile(_Strict):
     bytes_per_value: Annotated[int, Field(ge=1, le=8)] = Field(4, description="latent element size (fp32)")
     fitted: list[str] = Field(
         default_factory=list, description="entries solved to meet a target (the design's table), not measured"
+    )
+    modelled: dict[str, str] = Field(
+        default_factory=dict,
+        description="entries derived by a model, not measured: entry -> how (the plan flags them where they matter)",
+    )
+    alternatives: dict[str, Alternative] = Field(
+        default_factory=dict,
+        description="other fits that meet the same measurements as well: the plan says what each would recommend",
     )
     handoff: PerSpec
     transfer: Transfer
@@ -193,10 +212,51 @@ class Profile:
             raise self._missing(f"gpu.{_key(model)}.sample.{spec}", why)
         if degree in points:
             return Lookup(points[degree])
-        f, how = self.serial_fraction(model)
         near = min(points, key=lambda d: (abs(math.log(d / degree)), d))
+        if self.data.scaling.model == "power":
+            b, how = self.power_exponent(model)
+            return Lookup(points[near] * (near / degree) ** b, f"power law from degree {near} ({how})")
+        f, how = self.serial_fraction(model)
         amdahl = (f + (1 - f) / degree) / (f + (1 - f) / near)
         return Lookup(points[near] * amdahl, f"Amdahl from degree {near} ({how})")
+
+    def power_exponent(self, model: str) -> tuple[float, str]:
+        """The power law's exponent b (S(d) ~ d^-b) through two listed degrees, else the one Amdahl's default gives
+        from degree 4 to 8."""
+        for spec, points in sorted(self._gpu(model, "scaling").sample.items()):
+            if len(points) >= 2:
+                (d1, s1), (d2, s2) = sorted(points.items())[:2]
+                b = math.log(s1 / s2) / math.log(d2 / d1)
+                return b, f"exponent {b:.3f} fitted from {model} {spec} degrees {d1} and {d2}"
+        f = self.data.scaling.serial_fraction
+        b = math.log((f + (1 - f) / 4) / (f + (1 - f) / 8)) / math.log(2)
+        return b, f"exponent {b:.3f} from the default serial fraction {f:.3f}"
+
+    # ------------------------------------------------------------------ modelled entries and other fits
+    def variant(self, name: str) -> Profile:
+        """This profile under the alternative fit ``name`` (its entries replaced)."""
+        return self.with_entries(self.data.alternatives[name].set, f"{self.source} [{name}]")
+
+    def with_entries(self, entries: dict[str, float | str], source: str) -> Profile:
+        """This profile with ``entries`` (dotted names, as in ``fitted``) set to other values."""
+        raw = self.data.model_dump(mode="json")
+        for entry, value in entries.items():
+            *path, last = entry.split(".")
+            table = raw
+            for part in path:
+                table = table.setdefault(part, {})
+            table[last] = value
+        raw["alternatives"] = {}
+        return parse_profile(raw, source)
+
+    def entry(self, name: str) -> float | str | None:
+        """The value of a dotted entry, or None where the profile has none."""
+        node: object = self.data.model_dump(mode="json")
+        for part in name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node if isinstance(node, (int, float, str)) else None
 
     # ------------------------------------------------------------------ the sampling cost model
     def curve(self, model: str) -> Curve:

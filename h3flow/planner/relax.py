@@ -26,6 +26,7 @@ class Relaxation:
     bound: float  # seconds: no schedule finishes sooner
     counts: list[list[int]] | None  # [pool][kind] in its best solution (None: none found in time)
     optimal: bool
+    value: float = float("inf")  # the relaxation's makespan for ``counts``
 
 
 def _down(x: float) -> int:
@@ -38,8 +39,11 @@ def solve_relaxation(
     workers: int = 1,
     hint: list[list[int]] | None = None,
     stagger: bool = True,
+    feeding: bool = False,
+    floor: float = 0.0,
 ) -> Relaxation:
-    """Solve the relaxation within ``seconds``; ``hint``: counts to start from ([pool][kind])."""
+    """Solve the relaxation within ``seconds``; ``hint``: counts to start from ([pool][kind]); ``feeding``:
+    with the encoder pools' feeding constraints (tighter, slower); ``floor``: a known lower bound."""
     from ortools.sat.python import cp_model
 
     n_kinds = max(inst.kind) + 1
@@ -64,7 +68,9 @@ def solve_relaxation(
         + sum(decode[k] * count[k] for k in kinds)
     )
     m = cp_model.CpModel()
-    makespan = m.new_int_var(0, horizon, "makespan")
+    # rounding every duration down loses at most 1 ms per clip and per pool in any constraint
+    lowest = max(0, min(_down(floor) - inst.n - inst.pools - 3, horizon))
+    makespan = m.new_int_var(lowest, horizon, "makespan")
     y = [[m.new_int_var(0, count[k], f"y{p}_{k}") for k in kinds] for p in pools]
     for k in kinds:
         m.add(sum(y[p][k] for p in pools) == count[k])
@@ -95,22 +101,27 @@ def solve_relaxation(
         m.add(makespan >= last_handoff + own_tail).only_enforce_if(used)
         m.add(makespan >= release + own_work + min(tail[p]))  # the same, linear: what the LP relaxation sees
         last.append((used, last_handoff, z))
+    for e in pools:
+        if borrowers_of[e]:
+            _encoder(m, e, borrowers_of[e], y, last, held, prep, horizon)
+    if feeding:
+        for e in pools:
+            for b in borrowers_of[e]:
+                _feed(m, inst, e, b, y, last, held, prep, tail, makespan, horizon)
     if single_decoder and stagger:  # the pools' last clips reach one decoder: it decodes them one after another
+        arrive = min(min(row) for row in transfer)  # any last clip may be decoded first: the cheapest transfer
+        intervals = []
         for p, (used_p, lp, zp) in enumerate(last):
-            behind = []
-            for q, (_, lq, zq) in enumerate(last):
-                if q == p:
-                    continue
-                later = m.new_bool_var(f"later{p}_{q}")
-                m.add(lq >= lp).only_enforce_if(later)
-                m.add(lq < lp).only_enforce_if(later.negated())
-                extra = m.new_int_var(0, max(decode), f"extra{p}_{q}")
-                m.add(extra == sum(zq[k] * decode[k] for k in kinds)).only_enforce_if(later)
-                m.add(extra == 0).only_enforce_if(later.negated())
-                behind.append(extra)
-            # any of these last clips may be decoded first: it arrives no sooner than L_p + the cheapest transfer
-            arrive = min(min(row) for row in transfer) + sum(zp[k] * decode[k] for k in kinds)
-            m.add(makespan >= lp + arrive + sum(behind)).only_enforce_if(used_p)
+            size = m.new_int_var(0, max(decode), f"d{p}")
+            m.add(size == sum(zp[k] * decode[k] for k in kinds))
+            begin = m.new_int_var(0, horizon, f"s{p}")
+            finish = m.new_int_var(0, horizon, f"f{p}")
+            m.add(begin >= lp + arrive)
+            intervals.append(m.new_optional_interval_var(begin, size, finish, used_p, f"last{p}"))
+            m.add(makespan >= finish).only_enforce_if(used_p)
+        m.add_no_overlap(intervals)
+    for p, q in _twins(inst):  # interchangeable pools: the first carries at least the second's load
+        m.add(sum(held[p][k] * y[p][k] for k in kinds) >= sum(held[q][k] * y[q][k] for k in kinds))
     m.minimize(makespan)
     if hint is not None:
         for p in pools:
@@ -121,15 +132,129 @@ def solve_relaxation(
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.solve(m)
-    bound = solver.best_objective_bound / SCALE
+    if status == cp_model.INFEASIBLE:  # only if the floor was wrong: keep what is known
+        return Relaxation(floor, None, False)
+    bound = max(solver.best_objective_bound / SCALE, floor)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Relaxation(bound, None, False)
     counts = [[int(solver.value(y[p][k])) for k in kinds] for p in pools]
-    return Relaxation(bound, counts, status == cp_model.OPTIMAL)
+    return Relaxation(bound, counts, status == cp_model.OPTIMAL, solver.objective_value / SCALE)
 
 
-def _tables(inst: Instance) -> tuple[list[list[float]], list[list[float]], list[list[float]], list[float], float]:
-    """Per pool and kind: held time, lent encode, tail; per kind: decode; the cheapest transfer."""
+def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int) -> None:
+    """What an encoder pool's timeline adds: (1) it encodes its borrowers' first clips one after another, so they
+    start sampling one after another; (2) its last item ends after all its own work and every encode it lends:
+    either that item is one of its own clips (its last latent is written then) or a lent encode (and that
+    borrower still samples the clip after it)."""
+    kinds = range(len(held[e]))
+    used = {p: last[p][0] for p in [e, *borrowers]}
+    firsts = []
+    for b in borrowers:
+        size = min(prep[b])
+        begin = m.new_int_var(0, horizon, f"first{b}")
+        end = m.new_int_var(size, horizon, f"r{b}")
+        firsts.append(m.new_optional_fixed_size_interval_var(begin, size, used[b], f"firstenc{b}"))
+        m.add(end == begin + size)
+        m.add(last[b][1] >= end + sum(held[b][k] * y[b][k] for k in kinds)).only_enforce_if(used[b])
+    m.add_no_overlap(firsts)
+    total = sum(held[e][k] * y[e][k] for k in kinds) + sum(prep[b][k] * y[b][k] for b in borrowers for k in kinds)
+    ends = m.new_bool_var(f"ends_own{e}")
+    m.add_implication(ends, used[e])
+    m.add(last[e][1] >= total).only_enforce_if(ends)
+    lent_last = []
+    for b in borrowers:
+        c = m.new_bool_var(f"ends_lending{e}_{b}")
+        m.add_implication(c, used[b])
+        m.add(last[b][1] >= total + min(held[b])).only_enforce_if(c)
+        lent_last.append(c)
+    nothing = m.new_bool_var(f"idle{e}")  # neither it nor its borrowers take a clip
+    for p in used:
+        m.add_implication(nothing, used[p].negated())
+    m.add_exactly_one([ends, *lent_last, nothing])
+
+
+def _twins(inst: Instance) -> list[tuple[int, int]]:
+    """Pairs of pools (p, q), p < q, that no schedule can tell apart: same durations, encoder and routes,
+    neither lending encodes to the other (each pool paired with the next one like it)."""
+    lends = {inst.encoder[b] for b in inst.borrowers}
+    out = []
+    for q in range(inst.pools):
+        for p in range(q - 1, -1, -1):
+            if (
+                p not in lends
+                and q not in lends
+                and ((inst.own[p] and inst.own[q]) or inst.encoder[p] == inst.encoder[q])
+                and inst.routes[p] == inst.routes[q]
+                and all(row[p] == row[q] for row in inst.work)
+                and all(row[p] == row[q] for row in inst.prep)
+            ):
+                out.append((p, q))
+                break
+    return out
+
+
+def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan, horizon: int) -> None:
+    """Borrower ``b`` is fed by encoder pool ``e``: while ``e`` runs one of its own clips (encode to
+    handoff, length ``L``) it encodes nothing, and ``b`` holds at most ``AHEAD`` encoded clips, so if
+    that block ends before ``b``'s last encode ``E_b``, ``b`` idles at least ``L - AHEAD * w_max``
+    (``w_max``: ``b``'s longest clip) during it. Blocks after ``E_b`` cost no idle but come after
+    everything ``e`` encodes for ``b``. Both are lower bounds on what any schedule does."""
+    from h3flow.planner.sequence import AHEAD
+
+    kinds = range(len(held[e]))
+    used_b = last[b][0]
+    present = []
+    for k in kinds:
+        u = m.new_bool_var(f"u{b}_{k}")
+        m.add(y[b][k] >= 1).only_enforce_if(u)
+        m.add(y[b][k] == 0).only_enforce_if(u.negated())
+        present.append(u)
+    top = [m.new_bool_var(f"top{b}_{k}") for k in kinds]  # the kind of b's longest clip
+    m.add(sum(top) == 1).only_enforce_if(used_b)
+    m.add(sum(top) == 0).only_enforce_if(used_b.negated())
+    for k in kinds:
+        m.add_implication(top[k], present[k])
+        longer = [top[k2] for k2 in kinds if held[b][k2] >= held[b][k]]
+        m.add_bool_or(longer).only_enforce_if(present[k])
+    before = [m.new_int_var(0, inst.kind.count(k), f"before{e}_{b}_{k}") for k in kinds]
+    for k in kinds:
+        m.add(before[k] <= y[e][k])
+    idle = m.new_int_var(0, horizon, f"idle{b}")
+    for k2 in kinds:
+        cost = [max(0, held[e][k] - AHEAD * held[b][k2]) for k in kinds]
+        if any(cost):
+            m.add(idle >= sum(c * before[k] for k, c in zip(kinds, cost, strict=True))).only_enforce_if(top[k2])
+    release = min(prep[b])
+    own_b = sum(held[b][k] * y[b][k] for k in kinds)
+    m.add(last[b][1] >= release + own_b + idle).only_enforce_if(used_b)
+    m.add(makespan >= release + own_b + idle + min(tail[b])).only_enforce_if(used_b)
+    last_encode = m.new_int_var(0, horizon, f"E{b}")
+    after = [y[e][k] - before[k] for k in kinds]
+    m.add(last_encode >= sum(held[e][k] * before[k] + prep[b][k] * y[b][k] for k in kinds)).only_enforce_if(used_b)
+    m.add(makespan >= last_encode + min(h + t for h, t in zip(held[b], tail[b], strict=True))).only_enforce_if(used_b)
+    any_after = m.new_bool_var(f"after{e}_{b}")
+    m.add(sum(after) >= 1).only_enforce_if(any_after)
+    m.add(sum(after) == 0).only_enforce_if(any_after.negated())
+    rest = sum(held[e][k] * after[k] for k in kinds)
+    m.add(makespan >= last_encode + rest).only_enforce_if(used_b)
+    m.add(makespan >= last_encode + rest + min(tail[e])).only_enforce_if([used_b, any_after])
+    m.add(last[e][1] >= last_encode + rest).only_enforce_if([used_b, any_after])
+
+
+Tables = tuple[list[list[float]], list[list[float]], list[list[float]], list[float], float]
+
+
+def _tables(inst: Instance) -> Tables:
+    """Per pool and kind: held time, lent encode, tail; per kind: decode; the cheapest transfer (computed once
+    per instance: the count searches call this thousands of times)."""
+    cached: Tables | None = inst.__dict__.get("_relax_tables")
+    if cached is None:
+        cached = _compute_tables(inst)
+        object.__setattr__(inst, "_relax_tables", cached)
+    return cached
+
+
+def _compute_tables(inst: Instance) -> Tables:
     n_kinds = max(inst.kind) + 1
     rep = [inst.kind.index(k) for k in range(n_kinds)]
     pools, kinds = range(inst.pools), range(n_kinds)
@@ -140,7 +265,7 @@ def _tables(inst: Instance) -> tuple[list[list[float]], list[list[float]], list[
         for p in pools
     ]
     decode = [min(inst.decode[rep[k]]) for k in kinds]
-    return held, prep, tail, decode, min(min(row) for row in inst.transfer)
+    return held, prep, tail, decode, min(min(inst.transfer[r]) for r in rep)
 
 
 def relaxed_makespan(inst: Instance, counts: list[list[int]]) -> float:
