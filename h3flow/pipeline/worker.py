@@ -23,6 +23,7 @@ environment: the pool's devices, set by ``h3flow start``).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 
     from prefect import Flow
     from prefect.client.schemas.objects import FlowRun
+
+
+log = logging.getLogger(__name__)
 
 
 class H3flowWorkerResult(BaseWorkerResult):
@@ -69,11 +73,24 @@ def warm_up() -> None:
 
 
 def execute(flow: Flow[..., Any], flow_run: FlowRun) -> str:
-    """Run one flow run here, with Prefect's engine; returns its final state's type."""
+    """Run one flow run here, with Prefect's engine; returns its final state's type.
+
+    Nothing a flow run raises may reach the worker (its other runs share the process): an
+    end the server refused (the run was over already: crashed by the silence automation
+    while it was stalled) or could not hear is logged; Prefect's record stands, and a run
+    left Running falls silent and is marked Crashed.
+    """
+    from prefect.exceptions import Abort
     from prefect.flow_engine import run_flow
 
     try:
         state = run_flow(flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+    except Abort as exc:
+        log.warning("flow run %s: the server kept its own end of it (%s)", flow_run.id, exc)
+        return "ABORTED"
+    except Exception:
+        log.exception("flow run %s: its engine could not report its end to Prefect", flow_run.id)
+        return "UNREPORTED"
     finally:
         stopping.forget(str(flow_run.id))
     return state.type.value if isinstance(state, State) else "COMPLETED"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled, Crashed, State
 
 from h3flow.config.models import config_at
 from h3flow.core.batch import Batch, Clip, load_batch, with_image_hashes
@@ -26,7 +26,7 @@ from h3flow.core.errors import ConfigError
 from h3flow.core.fsutil import atomic_write_text, file_lock
 from h3flow.pipeline import stopping
 from h3flow.pipeline.artifacts import Progress, publish_plan, publish_report
-from h3flow.pipeline.dispatcher import Dispatcher, planner_chooser
+from h3flow.pipeline.dispatcher import Dispatcher, Superseded, planner_chooser
 from h3flow.pipeline.flows.clip import config_path_or_env
 from h3flow.pipeline.lifecycle import move
 from h3flow.pipeline.manifest import (
@@ -111,12 +111,17 @@ def batch(
     if batch is None and clips is None and run_id is None:
         return process_inbox(path)
     config = config_at(path)
-    if run_id and manifest_path(config.runs_dir, run_id).exists():  # resumed: load it once we are its only dispatcher
-        with sole_dispatcher(config.runs_dir, run_id):
-            return run_batch(open_run(path, run_id, resume=resume), path)
-    manifest = open_run(path, run_id, batch, clips, batch_name, resume)
-    with sole_dispatcher(config.runs_dir, manifest.run_id):
-        return run_batch(manifest, path)
+    try:
+        if (
+            run_id and manifest_path(config.runs_dir, run_id).exists()
+        ):  # resumed: loaded once we are its only dispatcher
+            with sole_dispatcher(config.runs_dir, run_id):
+                return run_batch(open_run(path, run_id, resume=resume), path)
+        manifest = open_run(path, run_id, batch, clips, batch_name, resume)
+        with sole_dispatcher(config.runs_dir, manifest.run_id):
+            return run_batch(manifest, path)
+    except Superseded as exc:  # Prefect had this run over already: keep its record as it was (crashed)
+        return Crashed(message=f"superseded: {exc}")
 
 
 @contextlib.contextmanager
