@@ -149,10 +149,7 @@ class FakePrefect:
 
     def of(self, kind: str, clip: str | None = None) -> list[Run]:
         return [
-            r
-            for r in self.runs.values()
-            if r.deployment.startswith(kind)
-            and clip in (None, r.params.get("clip", {}).get("id"), r.params.get("clip_id"))
+            r for r in self.runs.values() if r.deployment.startswith(kind) and clip in (None, r.params["clip"]["id"])
         ]
 
 
@@ -164,7 +161,7 @@ def completed(run: Run) -> Outcome:
             for s in ("encode", "sample", "transfer")
         }
         return "COMPLETED", stages
-    cid = run.params["clip_id"]
+    cid = run.params["clip"]["id"]
     return "COMPLETED", {
         "decode": StageResult(stage="decode", pool=run.pool, sha256=SHA, path=f"/out/{cid}.mp4", tries=1)
     }
@@ -243,7 +240,7 @@ def test_the_decode_is_queued_to_the_decoder_the_clip_was_routed_with(config: Lo
     api = FakePrefect()
     result = dispatch(config, api, batch(2))
     for run in api.of("decode"):
-        clip = result.clips[run.params["clip_id"]]
+        clip = result.clips[run.params["clip"]["id"]]
         assert run.pool == clip.decoder == "b" and run.params["latent_sha256"] == SHA
         assert run.params["budget"]["decode"] == MAX_SUBMISSIONS
 
@@ -317,8 +314,8 @@ def test_a_latent_damaged_on_the_decoder_is_sent_again_not_decoded(config: Local
     damaged = {"c1"}
 
     def script(run: Run) -> Outcome | None:
-        if run.deployment.startswith("decode") and run.params["clip_id"] in damaged:
-            damaged.discard(run.params["clip_id"])
+        if run.deployment.startswith("decode") and run.params["clip"]["id"] in damaged:
+            damaged.discard(run.params["clip"]["id"])
             return failed("decode", FailureKind.INTEGRITY, "latent abc on host-b is missing or damaged")
         return None
 
@@ -498,7 +495,32 @@ def test_a_briefly_unavailable_api_is_waited_out(config: LocalConfig) -> None:
     logged: list[str] = []
     result = Dispatcher(config, "/cfg", batch(4), api, Saved(), log=logged.append).run()
     assert result.state == "completed" and len(result.delivered) == 4
-    assert any("API unavailable" in line for line in logged) and any("API back after 30 s" in line for line in logged)
+    assert any("API unavailable" in line for line in logged)
+    assert any("API back: it had not answered for 30 s" in line for line in logged), logged
+
+
+def test_an_outage_is_counted_from_the_last_answer_even_when_calls_are_slow_to_fail(config: LocalConfig) -> None:
+    """During an outage each call first hangs for 25 s (the client's timeouts and retries) and then
+    fails: the outage is still told from the API's last answer (before: from the first failure's
+    end, so a 153 s outage was logged as 83 s)."""
+    import httpx
+
+    api = FakePrefect()
+    original = api.states
+
+    def hanging(run_ids: list[str]) -> dict[str, RunState]:
+        if 1005.0 <= api.t < 1105.0:
+            api.t += 25.0  # the call takes that long to fail
+            raise httpx.ReadTimeout("timed out")
+        return original(run_ids)
+
+    api.states = hanging  # type: ignore[method-assign]
+    logged: list[str] = []
+    result = Dispatcher(config, "/cfg", batch(4), api, Saved(), log=logged.append).run()
+    assert result.state == "completed" and len(result.delivered) == 4
+    (back,) = [line for line in logged if "API back" in line]
+    seconds = int(back.split("for ")[1].split(" s")[0])
+    assert 100 <= seconds <= 102, back
 
 
 def test_an_api_gone_for_good_or_a_defect_fails_the_run_it_does_not_cancel_it(config: LocalConfig) -> None:

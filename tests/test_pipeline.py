@@ -12,11 +12,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import av
 import pytest
 from cluster import Cluster, kill_tree, make_cluster, wait_until, write_batch
 
+from h3flow.core.files import file_intact
 from h3flow.core.paths import SOURCE_DIR
 from h3flow.pipeline.manifest import load_manifest
 
@@ -193,6 +195,108 @@ def test_bad_input_is_refused_before_anything_starts(cluster: Cluster, tmp_path:
     assert res.returncode == 2 and "unknown run id 'no-such-run'" in res.stderr
     runs = list(Path(cluster.config.runs_dir).glob("dupe-*")) + list(Path(cluster.config.runs_dir).glob("missing-*"))
     assert runs == []
+
+
+def batch_run(cluster: Cluster, run_id: str) -> Any:
+    """The run's (first) batch flow run, as Prefect has it."""
+    from prefect.client.orchestration import get_client
+
+    from h3flow.pipeline.prefect_api import PrefectApi, prefect_api
+
+    with prefect_api(cluster.config), get_client(sync_client=True):
+        api = PrefectApi()
+        try:
+            return api.batch_runs(run_id)[0]
+        finally:
+            api.close()
+
+
+def test_a_batch_travels_by_reference_staged_on_the_dispatchers_host(cluster: Cluster, tmp_path: Path) -> None:
+    """A batch over Prefect's 512 KiB parameter limit (inline, its clips would be refused after
+    validation): `run` stages it by content and passes its SHA-256; its clips start."""
+    long = "a slow pan left over a calm lake at dawn with gentle music, " * 10  # ~600 characters
+    clips = [{"id": f"big{i:04d}", "seed": 9000 + i, "prompt": f"{long} take {i}"} for i in range(1200)]
+    batch = write_batch(tmp_path / "big.json", clips)
+    assert batch.stat().st_size > 600 * 1024, "inline, this batch's clips would be over Prefect's limit"
+    run_id = submit(cluster, batch)
+    parameters = batch_run(cluster, run_id).parameters
+    staged = parameters["staged"]
+    assert staged["clips"] == 1200 and len(json.dumps(parameters)) < 1024, parameters
+    from h3flow.pipeline.runs import staged_batch_path
+
+    assert file_intact(staged_batch_path(cluster.config, staged["sha256"]), staged["sha256"])
+    wait_until(lambda: any(line["clip"].startswith("big") for line in cluster.journal("host-a")), 240, "its first clip")
+    assert h3(cluster, "cancel", run_id).returncode == 0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_a_10000_clip_batch_is_dispatched_with_the_dispatcher_under_300_mb(cluster: Cluster, tmp_path: Path) -> None:
+    """Accepted, staged, planned (heuristics: over 500 clips), its first clips started, and the
+    dispatcher — a thread of the control worker — has grown that process by under 300 MB."""
+    control = cluster.pidfile_pid("h3-control")
+    before = rss_mb(control)
+    clips = [{"id": f"k{i:05d}", "seed": 20000 + i} for i in range(10_000)]
+    run_id = submit(cluster, write_batch(tmp_path / "tenk.json", clips))
+    wait_until(lambda: any(line["clip"].startswith("k0") for line in cluster.journal("host-a")), 300, "a first clip")
+    grown = rss_mb(control) - before
+    assert h3(cluster, "cancel", run_id).returncode == 0
+    assert grown < 300, f"the control worker grew by {grown:.0f} MB dispatching 10,000 clips"
+
+
+def prefect_run(cluster: Cluster, *params: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **cluster.env()}
+    argv = [str(Path(sys.prefix) / "bin" / "prefect"), "deployment", "run", "batch/run", "--watch"]
+    for param in params:
+        argv += ["--param", param]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+
+def newest_batch_run_story(cluster: Cluster) -> tuple[str, list[str]]:
+    """The newest batch flow run's state message and its log lines."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from h3flow.pipeline.prefect_api import prefect_api
+
+    with prefect_api(cluster.config), get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])), sort=FlowRunSort.START_TIME_DESC, limit=1
+        )
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    return (run.state.message or "") if run.state else "", [log.message for log in logs]
+
+
+def test_a_bad_batch_started_from_prefect_fails_saying_every_problem(cluster: Cluster, tmp_path: Path) -> None:
+    """`prefect deployment run batch/run --param batch=FILE`: the failed state and the run's log
+    carry the whole list of problems, and a relative path is refused saying what to give."""
+    bad = write_batch(tmp_path / "five.json", [{"id": f"b{i}", "spec": f"huge{i}"} for i in range(5)])
+    done = prefect_run(cluster, f"batch={bad}")
+    assert done.returncode != 0
+    state, lines = newest_batch_run_story(cluster)
+    assert "5 problems" in state and all(f"huge{i}" in state for i in range(5)), state
+    assert any(all(f"huge{i}" in line for i in range(5)) for line in lines), lines
+    relative = prefect_run(cluster, "batch=five.json")
+    assert relative.returncode != 0 and "absolute path" in relative.stdout + relative.stderr
+
+
+def test_the_batch_deployment_describes_its_parameters_in_the_ui(cluster: Cluster) -> None:
+    from prefect.client.orchestration import get_client
+
+    from h3flow.pipeline.prefect_api import prefect_api
+
+    with prefect_api(cluster.config), get_client(sync_client=True) as client:
+        schema = client.read_deployment_by_name("batch/run").parameter_openapi_schema
+    described = {name: p.get("description") for name, p in schema["properties"].items()}
+    assert set(described) == {"batch", "run_id", "config_path", "staged", "resume"}
+    assert all(described.values()), described
+    assert "absolute path" in described["batch"]
 
 
 def test_the_scheduled_inbox_deployment_files_each_batch_under_its_run_id(cluster: Cluster, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ shown relative to their folder (printed once), and every table has a ``--json`` 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -36,6 +37,7 @@ from h3flow.pipeline.run_report import summary, throughput
 
 if TYPE_CHECKING:
     from h3flow.ops.lifecycle import ServiceState
+    from h3flow.pipeline.deadlines import Slow
     from h3flow.pipeline.prefect_api import RunFlowRun
 
 STATE_STYLE = {
@@ -244,11 +246,12 @@ def run(
 ) -> None:
     """Step 6: submit a batch; prints the run id (then waits, unless --background)."""
     from h3flow.config.models import load_local_config
-    from h3flow.ops.remote import image_stager
+    from h3flow.ops.remote import batch_stager, image_stager
     from h3flow.pipeline.runs import start_run
 
     config_path = config_file(config)
-    run_id = start_run(batch, config_path, stage=image_stager(load_local_config(config_path)))
+    loaded = load_local_config(config_path)
+    run_id = start_run(batch, config_path, stage=image_stager(loaded), stage_batch=batch_stager(loaded))
     typer.echo(run_id)
     if not background:
         raise typer.Exit(finish(wait_for(run_id, config_path)))
@@ -316,12 +319,25 @@ def status(
         raise H3FlowError("give a run id, or --services")
     manifest = read_run(run_id, config_path)
     found, why = clip_links(config_path, manifest) if links else (None, None)
+    slow = slow_in(manifest, config_path)
     if as_json:
-        print_json(status_json(manifest, found))
+        print_json({**status_json(manifest, found), "slow": [asdict(s) for s in slow]})
         return
     print_status(manifest, found)
+    for clip in slow:
+        console.print(Text(f"slow: {clip.line()}", style="yellow"), soft_wrap=True)
     if why:
         console.print(Text(f"(no Prefect UI links: {why})", style="dim"), soft_wrap=True)
+
+
+def slow_in(manifest: Manifest, config_path: Path) -> list[Slow]:
+    """The run's clips in flight for longer than the profile expects (none once the run is over)."""
+    import time
+
+    from h3flow.config.models import load_local_config
+    from h3flow.pipeline.deadlines import slow_clips
+
+    return slow_clips(manifest, load_local_config(config_path), time.time())
 
 
 def age(stamp: str | None, now: datetime | None = None) -> str:

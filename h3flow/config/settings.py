@@ -43,6 +43,10 @@ class Settings(BaseSettings):
         gt=30,
         description="a flow run that sends no heartbeat (every 30 s) this long is marked Crashed (`deploy` sets it)",
     )
+    deadline_margin: float = Field(
+        4.0, gt=1, description="a stage is stopped (kind timeout) past this many times what the profile expects of it"
+    )
+    deadline_floor_s: float = Field(120.0, gt=0, description="no stage's deadline is shorter than this")
     decoder_gone_s: float = Field(
         120.0,
         gt=0,

@@ -22,7 +22,7 @@ from h3flow.ops.ssh import connected
 
 if TYPE_CHECKING:
     from h3flow.core.batch import Batch
-    from h3flow.pipeline.runs import Inventory, ManifestReader, RunLister, Stager
+    from h3flow.pipeline.runs import BatchStager, Inventory, ManifestReader, RunLister, Stager
 
 
 def patches_on_host(
@@ -145,6 +145,30 @@ def run_lister(config: LocalConfig) -> RunLister:
         return [RunSummary.from_json(item) for item in answer["runs"]]
 
     return listed
+
+
+def batch_stager(config: LocalConfig) -> BatchStager:
+    """``run``'s :data:`~h3flow.pipeline.runs.BatchStager`: the embedded default writes the staged batch
+    where its dispatcher reads it (this machine); a cluster sends it to the control host's agent,
+    which stores it by content beside the staged images."""
+    from h3flow.pipeline.runs import batch_in_place
+
+    if config.work_dir:
+        return batch_in_place
+
+    def stage(config: LocalConfig, data: bytes, sha256: str) -> None:
+        host = config.control_host
+        with connected(config, host) as runner:
+            runner.agent(
+                "stage_inputs",
+                {
+                    "store_root": config.hosts[host].storage.root,
+                    "images": {sha256: {"suffix": ".json", "data": base64.b64encode(data).decode()}},
+                },
+                timeout=300.0,
+            )
+
+    return stage
 
 
 def image_stager(config: LocalConfig) -> Stager:

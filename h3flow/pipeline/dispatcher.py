@@ -174,7 +174,8 @@ class Dispatcher:
         self.unanswered: dict[str, tuple[Submission, str, str]] = {}  # clip -> (sample sent, pool, decoder)
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
-        self.api_down_since: float | None = None
+        self.api_down_since: float | None = None  # the last answer before the API went away
+        self.api_answered: float | None = None  # when the API last answered a whole pass
         self.state = LiveState()
         self.slots: dict[str, int] = {}  # pool -> clips it may hold (its queue's concurrency limit)
         self.pools_lost_since: float | None = None
@@ -241,15 +242,18 @@ class Dispatcher:
         while True:
             try:
                 limits = self.api.queue_limits(list(pools))
+                self.api_answered = self.api.now()
                 return {pools[wp]: limit or AHEAD for wp, limit in limits.items() if wp in pools}
             except UNAVAILABLE as exc:
                 self.waiting_for_api(exc)
                 self.api.pause(POLL)
 
     def waiting_for_api(self, exc: BaseException) -> None:
+        """The API did not answer: wait for it, up to API_GIVE_UP_S since its last answer (a failing
+        call may itself take long to fail: the outage is counted from the last answer, not from it)."""
         now = self.api.now()
         if self.api_down_since is None:
-            self.api_down_since = now
+            self.api_down_since = self.api_answered if self.api_answered is not None else now
             self.log(f"Prefect API unavailable ({type(exc).__name__}: {exc}); waiting up to {API_GIVE_UP_S:.0f} s")
         if now - self.api_down_since > API_GIVE_UP_S:
             raise exc
@@ -274,8 +278,9 @@ class Dispatcher:
         except UNAVAILABLE as exc:
             self.waiting_for_api(exc)
             return False
+        self.api_answered = self.api.now()
         if self.api_down_since is not None:
-            self.log(f"Prefect API back after {self.api.now() - self.api_down_since:.0f} s")
+            self.log(f"Prefect API back: it had not answered for {self.api_answered - self.api_down_since:.0f} s")
             self.api_down_since = None
         return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
 
@@ -387,7 +392,7 @@ class Dispatcher:
                 continue
             params = {
                 "run_id": self.manifest.run_id,
-                "clip_id": rec.clip.id,
+                "clip": rec.clip.model_dump(mode="json"),
                 "latent_sha256": rec.latent_sha256,
                 "decoder": decoder,
                 "config_path": self.config_path,
@@ -471,7 +476,7 @@ class Dispatcher:
         rec.stages.update({stage: r for stage, r in results.items() if r.failure is None})
         kind, reason = failure_of(state, message, results)
         retry_as: ClipState | None = None
-        if kind is FailureKind.CRASHED:
+        if kind in (FailureKind.CRASHED, FailureKind.TIMEOUT):
             retry_as = "pending" if child.kind == "sample" else "sampled"
         elif kind is FailureKind.INTEGRITY and child.kind == "decode":
             retry_as = "pending"  # send the latent again (sampling is cached), never decode the damaged copy

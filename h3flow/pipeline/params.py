@@ -32,6 +32,18 @@ class Budget(BaseModel):
         return int(getattr(self, stage, MAX_SUBMISSIONS))
 
 
+class StagedBatch(BaseModel):
+    """A validated batch that ``h3flow run`` staged by content where the dispatcher reads it
+    (``<control host's store>/inputs/<sha256>.json``): passed by reference, so a batch's size is
+    bounded by disk, not by Prefect's parameter limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the staged batch file's SHA-256 (its name)")
+    clips: int = Field(ge=1, description="how many clips it holds")
+    name: str = Field(description="the batch's name")
+
+
 class ResumePlan(BaseModel):
     """What ``h3flow resume`` verified on the hosts: each clip's state to continue from."""
 

@@ -322,7 +322,7 @@ class PrefectApi:
         if not runs:
             raise H3FlowError(f"unknown run id {run_id!r}: Prefect has no batch run tagged {run_tag(run_id)}")
         newest = runs[-1]
-        total = next((len(r.parameters["clips"]) for r in runs if r.parameters.get("clips")), None)
+        total = next((int(r.parameters["staged"]["clips"]) for r in runs if r.parameters.get("staged")), None)
         done = FlowRunFilter(
             tags=FlowRunFilterTags(all_=[run_tag(run_id)]),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])),

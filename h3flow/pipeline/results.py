@@ -30,6 +30,7 @@ class FailureKind(StrEnum):
     TRANSIENT = "transient"  # a dropped connection, a timeout, a restarted service: the task retries it
     INTEGRITY = "integrity"  # bytes that do not match their SHA-256 on the decoder: the dispatcher re-sends
     CRASHED = "crashed"  # the process or pool running it is gone: the dispatcher re-routes it
+    TIMEOUT = "timeout"  # it ran past its deadline (docs/operations.md): stopped, and the dispatcher re-sends it
     BUDGET = "budget"  # the clip's submissions of this stage are spent (MAX_SUBMISSIONS)
     CANCELLED = "cancelled"
     BUG = "bug"  # anything else: a defect in h3flow, reported with its type, never retried
@@ -37,7 +38,7 @@ class FailureKind(StrEnum):
     @property
     def dispatcher_retries(self) -> bool:
         """The kinds the dispatcher acts on by submitting the clip again."""
-        return self in (FailureKind.INTEGRITY, FailureKind.CRASHED)
+        return self in (FailureKind.INTEGRITY, FailureKind.CRASHED, FailureKind.TIMEOUT)
 
 
 PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
@@ -45,8 +46,12 @@ PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno
 
 def classify(exc: BaseException) -> FailureKind:
     """The kind of a stage's exception (the only place this is decided)."""
+    from prefect.task_engine import TaskRunTimeoutError
+
     if isinstance(exc, BudgetSpent):
         return FailureKind.BUDGET
+    if isinstance(exc, TaskRunTimeoutError):
+        return FailureKind.TIMEOUT
     if isinstance(exc, IntegrityError):
         return FailureKind.INTEGRITY
     if isinstance(exc, TransientError | ConnectionError | TimeoutError):

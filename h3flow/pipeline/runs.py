@@ -27,7 +27,7 @@ from h3flow.core.errors import H3FlowError
 from h3flow.handoff.inventory import HostFiles, check_host_files
 from h3flow.pipeline.lifecycle import ClipState
 from h3flow.pipeline.manifest import Manifest, load_manifest, new_run_id
-from h3flow.pipeline.params import ResumePlan
+from h3flow.pipeline.params import ResumePlan, StagedBatch
 from h3flow.pipeline.prefect_api import PrefectApi, RunProgress, prefect_api
 from h3flow.pipeline.run_report import summary
 
@@ -72,6 +72,7 @@ def images_in_place(config: LocalConfig, batch: Batch) -> Batch:
 
 def submit_dispatcher(config: LocalConfig, config_path: Path, run_id: str, parameters: dict[str, Any]) -> str:
     """Start the dispatcher as a run of ``batch/run``, named after the run and tagged with it."""
+    import httpx
     from prefect.deployments import run_deployment
 
     try:
@@ -84,20 +85,59 @@ def submit_dispatcher(config: LocalConfig, config_path: Path, run_id: str, param
                 flow_run_name=run_id,
                 tags=[run_tag(run_id), H3FLOW_TAG],
             )
-    except Exception as exc:  # noqa: BLE001 - any API failure here means: nothing started
+    except (httpx.ConnectError, httpx.TimeoutException) as exc:
         raise H3FlowError(
-            f"cannot submit to Prefect at {config.prefect.api_url}: {exc} (is `h3flow start` done?)"
+            f"cannot reach Prefect at {config.prefect.api_url} ({type(exc).__name__}): is `h3flow start` done?"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any other refusal: nothing started; say what Prefect said, briefly
+        said = " ".join(str(exc).split())
+        raise H3FlowError(
+            f"Prefect at {config.prefect.api_url} refused the run: {said[:300]}{'...' if len(said) > 300 else ''}"
         ) from None
     return str(getattr(run, "id", ""))
 
 
-def start_run(batch_file: Path, config_path: Path, stage: Stager = images_in_place) -> str:
-    """Validate, stage and submit a batch; returns the run id (nothing runs if the batch is bad)."""
+BatchStager = Callable[[LocalConfig, bytes, str], None]
+"""Puts a validated batch (its JSON bytes, their SHA-256) where the dispatcher reads it."""
+
+
+def staged_batch_path(config: LocalConfig, sha256: str) -> Path:
+    """Where a staged batch lives: the control host's input store, named by content."""
+    from h3flow.handoff.inputs import input_path
+
+    return input_path(Path(config.hosts[config.control_host].storage.root), sha256, ".json")
+
+
+def batch_in_place(config: LocalConfig, data: bytes, sha256: str) -> None:
+    """The embedded default: the dispatcher's host is this machine."""
+    from h3flow.core.files import file_intact
+    from h3flow.core.fsutil import atomic_path
+
+    target = staged_batch_path(config, sha256)
+    if not file_intact(target, sha256):
+        with atomic_path(target) as tmp:
+            Path(tmp).write_bytes(data)
+
+
+def start_run(
+    batch_file: Path, config_path: Path, stage: Stager = images_in_place, stage_batch: BatchStager = batch_in_place
+) -> str:
+    """Validate, stage and submit a batch; returns the run id (nothing runs if the batch is bad).
+
+    The batch travels by reference: its validated JSON (image paths as the encoders will
+    read them, each image's SHA-256) is staged by content on the dispatcher's host, and the
+    run gets its SHA-256 — whatever its size, the submission is a few hundred bytes.
+    """
+    import hashlib
+
     config = load_local_config(config_path)
     batch = stage(config, with_image_hashes(load_batch(batch_file)))
     run_id = new_run_id(batch.name)
-    clips = [clip.model_dump(mode="json") for clip in batch.clips]
-    submit_dispatcher(config, config_path, run_id, {"clips": clips, "batch_name": batch.name})
+    data = batch.model_dump_json().encode()
+    sha = hashlib.sha256(data).hexdigest()
+    stage_batch(config, data, sha)
+    staged = StagedBatch(sha256=sha, clips=len(batch.clips), name=batch.name)
+    submit_dispatcher(config, config_path, run_id, {"staged": staged.model_dump()})
     return run_id
 
 

@@ -1,8 +1,9 @@
 """The ``batch`` flow: plan, dispatch, collect, report — and the scheduled inbox.
 
-``h3flow run`` calls it with the batch's clips inline (validated, images hashed and
-staged); from the UI or ``prefect deployment run batch/run --param batch=FILE`` it
-reads a batch file on the dispatcher's host. An existing ``run_id`` with ``resume``
+``h3flow run`` calls it with a staged batch (validated, images hashed and staged, the
+batch itself staged on the dispatcher's host and passed by its SHA-256); from the UI or
+``prefect deployment run batch/run --param batch=/abs/path.json`` it reads a batch file
+on the dispatcher's host. An existing ``run_id`` with ``resume``
 (what ``h3flow resume`` found on the hosts) continues that run. Called with nothing
 (the cron deployment) it takes every ``*.json`` in the inbox folder and runs each,
 moving the file to ``done/`` or ``failed/`` with its run id.
@@ -19,10 +20,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Crashed, State
 
-from h3flow.config.models import config_at
-from h3flow.core.batch import Batch, Clip, load_batch, with_image_hashes
+from h3flow.config.models import LocalConfig, config_at
+from h3flow.core.batch import Batch, load_batch, with_image_hashes
 from h3flow.core.contracts import H3FLOW_TAG, run_tag
-from h3flow.core.errors import ConfigError
+from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import atomic_write_text, file_lock
 from h3flow.pipeline import stopping
 from h3flow.pipeline.artifacts import Progress, publish_plan, publish_report
@@ -39,7 +40,7 @@ from h3flow.pipeline.manifest import (
     run_dir,
     save_manifest,
 )
-from h3flow.pipeline.params import ResumePlan
+from h3flow.pipeline.params import ResumePlan, StagedBatch
 from h3flow.pipeline.plan import plan_for_manifest
 from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
 from h3flow.pipeline.run_report import write_run_report
@@ -49,12 +50,11 @@ def open_run(
     config_path: str,
     run_id: str | None,
     batch_file: str | None = None,
-    clips: list[Clip] | None = None,
-    batch_name: str | None = None,
+    staged: StagedBatch | None = None,
     resume: ResumePlan | None = None,
 ) -> Manifest:
     """The run's manifest: loaded (and brought up to date with ``resume``) when the run exists,
-    created from the clips or the batch file otherwise. The dispatcher is its only writer."""
+    created from the staged batch or the batch file otherwise. The dispatcher is its only writer."""
     config = config_at(config_path)
     if run_id and manifest_path(config.runs_dir, run_id).exists():
         manifest = load_manifest(config.runs_dir, run_id)
@@ -63,15 +63,35 @@ def open_run(
         return manifest
     if resume:
         raise ConfigError(f"nothing to resume: no manifest for run {run_id} in {config.runs_dir}")
-    if clips is not None:
-        parsed = Batch(name=batch_name or "batch", clips=clips)
+    if staged is not None:
+        parsed = read_staged(config, staged)
     elif batch_file is not None:
-        parsed = with_image_hashes(load_batch(Path(batch_file)))
+        path = Path(batch_file)
+        if not path.is_absolute():
+            raise ConfigError(
+                f"batch={batch_file!r}: give the batch file's absolute path on the dispatcher's host "
+                f"({config.control_host}); a relative one would be read from the worker's folder {Path.cwd()}"
+            )
+        parsed = with_image_hashes(load_batch(path))
     else:
-        raise ConfigError("a new run needs its clips or a batch file")
+        raise ConfigError("a new run needs a batch: batch=<absolute path of a batch file>, or `h3flow run`")
     manifest = new_manifest(run_id or new_run_id(parsed.name), parsed.name, parsed.clips, config_path)
     save_manifest(config.runs_dir, manifest)
     return manifest
+
+
+def read_staged(config: LocalConfig, staged: StagedBatch) -> Batch:
+    """The batch ``h3flow run`` staged on this host, checked against its SHA-256."""
+    from h3flow.core.files import file_intact
+    from h3flow.pipeline.runs import staged_batch_path
+
+    path = staged_batch_path(config, staged.sha256)
+    if not file_intact(path, staged.sha256):
+        raise ConfigError(f"staged batch {staged.name} ({staged.sha256[:12]}) is missing or damaged at {path}")
+    batch = Batch.model_validate_json(path.read_bytes())
+    if len(batch.clips) != staged.clips:
+        raise ConfigError(f"staged batch {staged.name}: {len(batch.clips)} clips, the run was told {staged.clips}")
+    return batch
 
 
 def apply_resume(manifest: Manifest, resume: ResumePlan) -> None:
@@ -93,8 +113,7 @@ def batch(
     batch: str | None = None,
     run_id: str | None = None,
     config_path: str | None = None,
-    clips: list[Clip] | None = None,
-    batch_name: str | None = None,
+    staged: StagedBatch | None = None,
     resume: ResumePlan | None = None,
 ) -> dict[str, Any] | State[Any]:
     """Dispatch a batch over the pools (or, given nothing, process the inbox).
@@ -103,25 +122,30 @@ def batch(
         batch: a batch file (JSON) on the dispatcher's host, as an absolute path
         run_id: the run's id (default: made from the batch's name); an existing run continues
         config_path: local.json on the dispatcher's host (default: $H3FLOW_CONFIG)
-        clips: the batch's clips, validated and with their images hashed (what `h3flow run` sends)
-        batch_name: the batch's name when its clips are given
+        staged: the batch `h3flow run` validated and staged on the dispatcher's host, by SHA-256
         resume: what `h3flow resume` verified on the hosts, per clip
     """
     path = config_path_or_env(config_path)
-    if batch is None and clips is None and run_id is None:
+    if batch is None and staged is None and run_id is None:
         return process_inbox(path)
     config = config_at(path)
     try:
-        if (
-            run_id and manifest_path(config.runs_dir, run_id).exists()
-        ):  # resumed: loaded once we are its only dispatcher
+        if run_id and manifest_path(config.runs_dir, run_id).exists():  # resumed: loaded as its only dispatcher
             with sole_dispatcher(config.runs_dir, run_id):
                 return run_batch(open_run(path, run_id, resume=resume), path)
-        manifest = open_run(path, run_id, batch, clips, batch_name, resume)
+        manifest = open_run(path, run_id, batch, staged, resume)
         with sole_dispatcher(config.runs_dir, manifest.run_id):
             return run_batch(manifest, path)
     except Superseded as exc:  # Prefect had this run over already: keep its record as it was (crashed)
         return Crashed(message=f"superseded: {exc}")
+    except H3FlowError as exc:  # the whole story in the log and in the run's state, not just its first line
+        get_run_logger().error(told_whole(exc))
+        raise ConfigError(told_whole(exc, sep=" ")) from None
+
+
+def told_whole(exc: H3FlowError, sep: str = "\n  ") -> str:
+    """An error with its details ("5 problems:" then each; the list was capped where it was made)."""
+    return sep.join([str(exc), *exc.details])
 
 
 @contextlib.contextmanager

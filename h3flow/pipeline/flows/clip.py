@@ -30,6 +30,7 @@ from h3flow.core.errors import ConfigError, IntegrityError
 from h3flow.core.files import file_intact
 from h3flow.core.fsutil import atomic_path
 from h3flow.engines import engine_for
+from h3flow.pipeline.deadlines import Deadlines, deadlines
 from h3flow.pipeline.params import Budget
 from h3flow.pipeline.results import StageResult, classify
 from h3flow.pipeline.stopping import StopRequested, checkpoint
@@ -79,13 +80,16 @@ class StageFailed(Exception):
         self.stage, self.cause = stage, cause
 
 
-def run_stage(task: Any, results: Path, budget: Budget, stage: str, **params: Any) -> StageResult:
-    """Run a cached task within the clip's budget, at a stage boundary (a stopped run stops here);
-    a cache hit whose file is gone or damaged is recomputed."""
+def run_stage(task: Any, results: Path, budget: Budget, limits: Deadlines, stage: str, **params: Any) -> StageResult:
+    """Run a cached task within the clip's budget and the stage's deadline, at a stage boundary (a
+    stopped run stops here); a cache hit whose file is gone or damaged is recomputed."""
     checkpoint()
     left = budget.left(stage)
     configured = task.with_options(
-        result_storage=results, cache_policy=stages.host_cache(results), retries=max(0, left - 1)
+        result_storage=results,
+        cache_policy=stages.host_cache(results),
+        retries=max(0, left - 1),
+        timeout_seconds=limits.of(stage),
     )
     try:
         state = configured(**params, allowed=left > 0, return_state=True)
@@ -153,22 +157,26 @@ def sample_clip(
     pool_ = config.pool(pool)
     results = Path(config.hosts[pool_.host].storage.root) / "prefect-results"
     common = {"clip": clip.model_dump(mode="json"), "pool": pool, "config_path": path}
+    limits = deadlines(config, clip, pool, decoder)
     try:
         with reported("sample-clip", run_id, clip.id) as done:
             engine_for(config, pool_.encoder_pool or pool)  # warm in an h3flow worker: loaded when it started
             engine_for(config, pool)
             with gpu_slot(pool):
                 done["encode"] = run_stage(
-                    stages.encode, results, budget, "encode", key=keys.encode_key(clip, config.model), **common
+                    stages.encode, results, budget, limits, "encode", key=keys.encode_key(clip, config.model), **common
                 )
                 try:
-                    done["offload"] = stages.offload(pool=pool, config_path=path)
+                    done["offload"] = stages.offload.with_options(timeout_seconds=limits.offload)(
+                        pool=pool, config_path=path
+                    )
                 except Exception as exc:
                     raise StageFailed("offload", exc) from exc
                 done["sample"] = run_stage(
                     stages.sample,
                     results,
                     budget,
+                    limits,
                     "sample",
                     conditioning=done["encode"],
                     key=keys.sample_key(clip, config.model, done["encode"].sha256 or ""),
@@ -180,6 +188,7 @@ def sample_clip(
                 transfer,
                 results,
                 budget,
+                limits,
                 "transfer",
                 latent=done["sample"],
                 clip_id=clip.id,
@@ -196,7 +205,7 @@ def sample_clip(
 @flow(name="decode-clip", log_prints=True)
 def decode_clip(
     run_id: str,
-    clip_id: str,
+    clip: Clip,
     latent_sha256: str,
     decoder: str,
     config_path: str | None = None,
@@ -206,7 +215,7 @@ def decode_clip(
 
     Args:
         run_id: the h3flow run this clip belongs to
-        clip_id: the clip's id in its batch
+        clip: the clip (its spec and length set the decode's deadline)
         latent_sha256: the latent to decode, in this decoder host's store
         decoder: the decoder pool that runs it (its deployment's)
         config_path: local.json on this host (default: $H3FLOW_CONFIG)
@@ -220,6 +229,8 @@ def decode_clip(
     storage = config.hosts[pool_.host].storage
     results = Path(storage.root) / "prefect-results"
     latent = LatentStore(Path(storage.root)).path_for(latent_sha256)
+    clip_id = clip.id
+    limits = deadlines(config, clip, config.samplers[0].name, decoder)
     try:
         with reported("decode-clip", run_id, clip_id) as done:
             if not file_intact(latent, latent_sha256):
@@ -232,6 +243,7 @@ def decode_clip(
                     stages.decode,
                     results,
                     budget,
+                    limits,
                     "decode",
                     latent_sha256=latent_sha256,
                     clip_id=clip_id,
