@@ -39,8 +39,11 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, every
 
 
 SILENCE_S = 60.0
-"""The test clusters' silence automation: a flow run whose heartbeats (every 30 s) stop is Crashed
+"""The test clusters' silence automation: a clip's run whose heartbeats (every 30 s) stop is Crashed
 after this long (75 s by default; the shortest that is safe is a little over one beat)."""
+DISPATCHER_SILENCE_S = 100.0
+"""The same for a dispatcher (180 s by default): longer than the server outages the tests cause."""
+SILENCES = {"H3FLOW_SILENCE_S": str(SILENCE_S), "H3FLOW_DISPATCHER_SILENCE_S": str(DISPATCHER_SILENCE_S)}
 
 
 @dataclass
@@ -58,15 +61,16 @@ class Cluster:
     def start(self) -> None:
         from h3flow.ops.lifecycle import start_services
 
-        saved = os.environ.get("H3FLOW_SILENCE_S")
-        os.environ["H3FLOW_SILENCE_S"] = str(SILENCE_S)  # `start` deploys the automation with it
+        saved = {key: os.environ.get(key) for key in SILENCES}
+        os.environ.update(SILENCES)  # `start` deploys the silence automations with them
         try:
             start_services(self.config, self.config_path, console=quiet, timeout=120)
         finally:
-            if saved is None:
-                os.environ.pop("H3FLOW_SILENCE_S")
-            else:
-                os.environ["H3FLOW_SILENCE_S"] = saved
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key)
+                else:
+                    os.environ[key] = value
 
     def stop(self) -> None:
         from h3flow.ops.lifecycle import stop_services

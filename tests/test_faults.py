@@ -18,7 +18,7 @@ from pathlib import Path
 
 import av
 import pytest
-from cluster import SILENCE_S, SLOW, Cluster, kill_tree, make_cluster, wait_until, write_batch
+from cluster import DISPATCHER_SILENCE_S, SLOW, Cluster, kill_tree, make_cluster, wait_until, write_batch
 
 from h3flow.core.files import file_intact
 from h3flow.pipeline.manifest import Manifest, load_manifest
@@ -181,7 +181,7 @@ def dispatcher_lines(cluster: Cluster, run_id: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if run_id in line]
 
 
-@pytest.mark.parametrize("stall_s", [33, SILENCE_S + 20], ids=["shorter-than-the-silence", "longer"])
+@pytest.mark.parametrize("stall_s", [33, DISPATCHER_SILENCE_S + 20], ids=["shorter-than-the-silence", "longer"])
 def test_a_stalled_dispatcher_resume_and_the_stall_ending_leave_one_dispatcher(
     cluster: Cluster, tmp_path: Path, stall_s: float
 ) -> None:
@@ -204,14 +204,14 @@ def test_a_stalled_dispatcher_resume_and_the_stall_ending_leave_one_dispatcher(
         res = h3(cluster, "resume", run_id, "--background")  # the new dispatcher runs once the process thaws
     finally:
         os.kill(control, signal.SIGCONT)
-    if stall_s < SILENCE_S:
+    if stall_s < DISPATCHER_SILENCE_S:
         assert res.returncode == 2 and "still running" in res.stderr, res.stdout + res.stderr
     else:
         assert res.returncode == 0, res.stdout + res.stderr
     done = h3(cluster, "wait", run_id)
     assert done.returncode == 0, done.stdout + done.stderr + cluster.diagnosis(run_id)
     assert_delivered(cluster, run_id, 4)
-    if stall_s < SILENCE_S:
+    if stall_s < DISPATCHER_SILENCE_S:
         one_completed_run_per_clip(cluster, run_id, ids)
     else:  # the crashed dispatcher's children ran on; the new one's samples of unverified clips were cache hits
         assert all(n == 1 for n in counts(cluster, "sample", ids).values()), counts(cluster, "sample", ids)
@@ -221,8 +221,8 @@ def test_a_stalled_dispatcher_resume_and_the_stall_ending_leave_one_dispatcher(
         )
     one_dispatcher_at_a_time(cluster, run_id)
     batch_runs = [r for r in flow_runs(cluster, run_id) if r.clip is None]
-    assert len(batch_runs) == (1 if stall_s < SILENCE_S else 2), batch_runs
-    if stall_s >= SILENCE_S:
+    assert len(batch_runs) == (1 if stall_s < DISPATCHER_SILENCE_S else 2), batch_runs
+    if stall_s >= DISPATCHER_SILENCE_S:
         assert any("this dispatcher stops" in line for line in dispatcher_lines(cluster, run_id))
     samples = [r for r in flow_runs(cluster, run_id) if r.stage == "sample"]
     assert len(samples) <= 2 * len(ids), [(r.name, r.state) for r in samples]

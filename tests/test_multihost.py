@@ -37,7 +37,7 @@ from pathlib import Path
 import av
 import httpx
 import pytest
-from cluster import SILENCE_S, kill_tree, wait_until, write_batch
+from cluster import SILENCES, kill_tree, wait_until, write_batch
 from netns import Lab, make_lab, netns_unavailable
 from remote_hosts import CPU, REFERENCE
 
@@ -74,8 +74,8 @@ class MultiHost:
     def h3(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """The real CLI, as the operator runs it on the controller (this machine)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        # `start` deploys the silence automations: a silent flow run is Crashed after 60 s, not 75
-        env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220", H3FLOW_SILENCE_S=str(SILENCE_S))
+        # `start` deploys the silence automations with the test clusters' windows (60 s, 100 s)
+        env.update(H3FLOW_SSH_CONFIG=str(self.ssh_config), COLUMNS="220", **SILENCES)
         config = [] if args[0] == "config-adapt" else ["--config", str(self.config_path)]
         return subprocess.run(
             [H3FLOW, *args, *config], capture_output=True, text=True, env=env, timeout=timeout, cwd=self.lab.ctl

@@ -16,7 +16,7 @@ from typing import Any
 
 import av
 import pytest
-from cluster import Cluster, kill_tree, make_cluster, wait_until, write_batch
+from cluster import DISPATCHER_SILENCE_S, Cluster, kill_tree, make_cluster, wait_until, write_batch
 
 from h3flow.core.files import file_intact
 from h3flow.core.paths import SOURCE_DIR
@@ -145,7 +145,7 @@ def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster:
         tries.append(h3(cluster, "resume", run_id))
         return "still running" not in tries[-1].stderr
 
-    wait_until(resumed, 120, "resume to take over from the dead dispatcher", every=1)
+    wait_until(resumed, DISPATCHER_SILENCE_S + 60, "resume to take over from the dead dispatcher", every=1)
     res = tries[-1]
     assert res.returncode == 0, res.stdout + res.stderr
     assert all(r.returncode == 2 for r in tries[:-1])

@@ -17,10 +17,10 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from cluster import SILENCE_S, SLOW, Cluster, make_cluster, wait_until, write_batch
+from cluster import DISPATCHER_SILENCE_S, SILENCE_S, SILENCES, SLOW, Cluster, make_cluster, wait_until, write_batch
 
-from h3flow.core.contracts import AHEAD, H3FLOW_TAG, WORKER_TYPE, gpu_limit
-from h3flow.pipeline.automations import NEVER_STARTED, SILENT
+from h3flow.core.contracts import AHEAD, CLIP_TAG, DISPATCHER_TAG, H3FLOW_TAG, WORKER_TYPE, gpu_limit
+from h3flow.pipeline.automations import NEVER_STARTED, SILENT_CLIP, SILENT_DISPATCHER
 from h3flow.pipeline.manifest import load_manifest
 from h3flow.pipeline.prefect_api import RunFlowRun, prefect_api, run_flow_runs
 
@@ -60,12 +60,14 @@ def test_prefect_holds_the_pools_their_limits_and_the_automations(cluster: Clust
         assert limit == (None if name == cluster.config.control_work_pool else AHEAD), name
     for pool in cluster.config.pools:
         assert client.read_global_concurrency_limit_by_name(gpu_limit(pool.name)).limit == 1
-    for name in (SILENT, NEVER_STARTED):
+    watches = {SILENT_CLIP: (CLIP_TAG, SILENCE_S), SILENT_DISPATCHER: (DISPATCHER_TAG, DISPATCHER_SILENCE_S),
+               NEVER_STARTED: (H3FLOW_TAG, SILENCE_S)}  # fmt: skip
+    for name, (tag, within) in watches.items():
         (automation,) = client.read_automations_by_name(name)
-        assert automation.enabled and automation.trigger.within.total_seconds() == SILENCE_S
+        assert automation.enabled and automation.trigger.within.total_seconds() == within, name
         assert automation.trigger.match_related.root == {
             "prefect.resource.role": "tag",
-            "prefect.resource.id": f"prefect.tag.{H3FLOW_TAG}",
+            "prefect.resource.id": f"prefect.tag.{tag}",
         }
 
 
@@ -75,11 +77,12 @@ def test_deploying_again_leaves_the_automations_alone(cluster: Cluster, client: 
     from h3flow.pipeline.runs import deploy_everything
 
     before = {a.name: a.model_dump(mode="json") for a in client.read_automations()}
-    os.environ["H3FLOW_SILENCE_S"] = str(SILENCE_S)
+    os.environ.update(SILENCES)
     try:
         deploy_everything(cluster.config_path)
     finally:
-        os.environ.pop("H3FLOW_SILENCE_S")
+        for key in SILENCES:
+            os.environ.pop(key)
     assert {a.name: a.model_dump(mode="json") for a in client.read_automations()} == before
 
 
@@ -91,7 +94,7 @@ def test_clips_run_in_their_pools_warm_worker_process(cluster: Cluster, client: 
     assert lines and all(line["pid"] == workers[line["pool"]] for line in lines), (workers, lines)
     for run in children(cluster, run_id):
         flow_run = client.read_flow_run(UUID(run.id))
-        assert flow_run.infrastructure_pid == str(workers[run.pool]) and H3FLOW_TAG in flow_run.tags
+        assert flow_run.infrastructure_pid == str(workers[run.pool]) and {H3FLOW_TAG, CLIP_TAG} <= set(flow_run.tags)
 
 
 def test_a_cancelled_clip_stops_at_its_next_stage_boundary_and_is_sent_again(

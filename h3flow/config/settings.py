@@ -41,7 +41,12 @@ class Settings(BaseSettings):
     silence_s: float = Field(
         75.0,
         gt=30,
-        description="a flow run that sends no heartbeat (every 30 s) this long is marked Crashed (`deploy` sets it)",
+        description="a clip's run that sends no heartbeat (every 30 s) this long is marked Crashed (`deploy` sets it)",
+    )
+    dispatcher_silence_s: float = Field(
+        180.0,
+        gt=30,
+        description="a dispatcher that sends no heartbeat this long is marked Crashed: longer than any API outage it rides out",
     )
     deadline_margin: float = Field(
         4.0, gt=1, description="a stage is stopped (kind timeout) past this many times what the profile expects of it"

@@ -40,7 +40,13 @@ WORKER_TYPE = "h3flow"
 """The Prefect worker type of every h3flow work pool (:mod:`h3flow.pipeline.worker`): runs flow runs in-process."""
 
 H3FLOW_TAG = "h3flow"
-"""The tag every h3flow flow run carries: Prefect's silence automation watches the runs with it."""
+"""The tag every h3flow flow run carries (the automation for runs claimed and never started watches it)."""
+
+CLIP_TAG = "h3flow-clip"
+"""The tag of a clip's sample and decode runs (the silence automation for clips watches it)."""
+
+DISPATCHER_TAG = "h3flow-dispatcher"
+"""The tag of a batch (dispatcher) run (the silence automation for dispatchers watches it)."""
 
 
 def gpu_limit(pool: str) -> str:

@@ -2,9 +2,10 @@
 
 Every h3flow flow run (tagged ``h3flow``) sends a heartbeat event every
 :data:`HEARTBEAT_S` seconds while it runs (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, which
-``h3flow start`` gives every worker). A run that beat and then says nothing more — no
-heartbeat, no end — for ``H3FLOW_SILENCE_S`` seconds, or that a worker claimed and that
-never started, is marked Crashed by these automations: its worker died, its host rebooted or froze, or
+``h3flow start`` gives every worker). A clip's run that beat and then says nothing more —
+no heartbeat, no end — for ``H3FLOW_SILENCE_S`` seconds (a dispatcher's: for
+``H3FLOW_DISPATCHER_SILENCE_S``), or one that a worker claimed and that never started, is
+marked Crashed by these automations: its worker died, its host rebooted or froze, or
 it ended while Prefect could not hear it. The dispatcher then sends its clip again
 (finished stages are cache hits), and ``resume`` may take over a crashed dispatcher.
 ``h3flow deploy`` creates (or updates) them.
@@ -16,58 +17,64 @@ from datetime import timedelta
 from typing import Any
 
 from h3flow.config.settings import settings
-from h3flow.core.contracts import H3FLOW_TAG
+from h3flow.core.contracts import CLIP_TAG, DISPATCHER_TAG, H3FLOW_TAG
 
 HEARTBEAT_S = 30
 """Seconds between a flow run's heartbeats: Prefect's shortest (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
 ENDED = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
-SILENT = "h3flow: a silent flow run is Crashed"
+SILENT_CLIP = "h3flow: a silent clip run is Crashed"
+SILENT_DISPATCHER = "h3flow: a silent dispatcher is Crashed"
 NEVER_STARTED = "h3flow: a claimed flow run that never starts is Crashed"
 
 
-def silence_automations(silence_s: float) -> list[Any]:
-    """Two proactive triggers per flow run, in the form Prefect documents for zombie flow runs:
-    after a heartbeat, the next one (or the run's end) within ``silence_s``; after a claim
-    (Pending), the start (or the end) within ``silence_s`` — a claim whose answer the worker
-    lost leaves a run Pending that nobody will start."""
+def silence_automations(silence_s: float, dispatcher_silence_s: float) -> list[Any]:
+    """Proactive triggers per flow run, in the form Prefect documents for zombie flow runs: after
+    a heartbeat, the next one (or the run's end) within a window — ``silence_s`` for a clip's
+    run, ``dispatcher_silence_s`` for a dispatcher's, longer than any API outage it rides out
+    (a false alarm there stops the run; one on a clip only sends it again) — and after a claim
+    (Pending), the start (or the end) within ``silence_s``: a claim whose answer the worker lost
+    leaves a run Pending that nobody will start."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    def automation(name: str, after: str, expect: set[str], what: str) -> Any:
+    def automation(name: str, tag: str, after: str, expect: set[str], within: float, what: str, then: str) -> Any:
         return AutomationCore(
             name=name,
-            description=f"An h3flow flow run that {what} for {silence_s:g} s is marked Crashed: its clip is sent again.",
+            description=f"A flow run tagged {tag} that {what} for {within:g} s is marked Crashed: {then}.",
             trigger=EventTrigger(
                 match={"prefect.resource.id": "prefect.flow-run.*"},
-                match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{H3FLOW_TAG}"},
+                match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{tag}"},
                 after={after},
                 expect=expect,
                 for_each={"prefect.resource.id"},
                 posture=Posture.Proactive,
                 threshold=1,
-                within=timedelta(seconds=silence_s),
+                within=timedelta(seconds=within),
             ),
             actions=[
                 ChangeFlowRunState(
                     state=StateType.CRASHED,
-                    message=f"it {what} for {silence_s:g} s: its worker or host is gone (h3flow's silence automation)",
+                    message=f"it {what} for {within:g} s: its worker or host is gone (h3flow's silence automation)",
                 )
             ],
         )
 
+    silent = f"sent no heartbeat (every {HEARTBEAT_S} s) and did not end"
+    beat, beat_or_end = "prefect.flow-run.heartbeat", {"prefect.flow-run.heartbeat", *ENDED}
     return [
+        automation(SILENT_CLIP, CLIP_TAG, beat, beat_or_end, silence_s, silent, "the dispatcher sends its clip again"),
         automation(
-            SILENT,
-            "prefect.flow-run.heartbeat",
-            {"prefect.flow-run.heartbeat", *ENDED},
-            f"sent no heartbeat (every {HEARTBEAT_S} s) and did not end",
+            SILENT_DISPATCHER, DISPATCHER_TAG, beat, beat_or_end, dispatcher_silence_s, silent, "`resume` may take over"
         ),
         automation(
             NEVER_STARTED,
+            H3FLOW_TAG,
             "prefect.flow-run.Pending",
             {"prefect.flow-run.Running", "prefect.flow-run.Cancelling", *ENDED},
+            silence_s,
             "was claimed by a worker and did not start",
+            "it is sent again",
         ),
     ]
 
@@ -84,7 +91,7 @@ def ensure_silence_automations() -> list[str]:
 
     ids = []
     with get_client(sync_client=True) as client:
-        for wanted in silence_automations(settings().silence_s):
+        for wanted in silence_automations(settings().silence_s, settings().dispatcher_silence_s):
             existing = client.read_automations_by_name(wanted.name)
             for extra in existing[1:]:
                 client.delete_automation(extra.id)

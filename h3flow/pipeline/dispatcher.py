@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import AHEAD, MAX_SUBMISSIONS, pool_tag, run_tag
+from h3flow.core.contracts import AHEAD, CLIP_TAG, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.pipeline.lifecycle import ClipState, move
 from h3flow.pipeline.manifest import ClipRecord, Manifest
@@ -316,7 +316,7 @@ class Dispatcher:
         return True
 
     def tags(self, pool: str) -> list[str]:
-        return [self.run_tag, pool_tag(pool)]
+        return [self.run_tag, pool_tag(pool), CLIP_TAG]
 
     @property
     def run_tag(self) -> str:

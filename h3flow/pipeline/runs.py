@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from h3flow.config.models import LocalConfig, load_local_config
 from h3flow.core.batch import Batch, load_batch, with_image_hashes
-from h3flow.core.contracts import H3FLOW_TAG, run_tag
+from h3flow.core.contracts import DISPATCHER_TAG, H3FLOW_TAG, run_tag
 from h3flow.core.errors import H3FlowError
 from h3flow.handoff.inventory import HostFiles, check_host_files
 from h3flow.pipeline.lifecycle import ClipState
@@ -83,7 +83,7 @@ def submit_dispatcher(config: LocalConfig, config_path: Path, run_id: str, param
                 timeout=0,
                 as_subflow=False,
                 flow_run_name=run_id,
-                tags=[run_tag(run_id), H3FLOW_TAG],
+                tags=[run_tag(run_id), H3FLOW_TAG, DISPATCHER_TAG],
             )
     except (httpx.ConnectError, httpx.TimeoutException) as exc:
         raise H3FlowError(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from h3flow.config.models import LocalConfig
-from h3flow.core.contracts import AHEAD, H3FLOW_TAG, WORKER_TYPE, gpu_limit
+from h3flow.core.contracts import AHEAD, CLIP_TAG, DISPATCHER_TAG, H3FLOW_TAG, WORKER_TYPE, gpu_limit
 from h3flow.core.fsutil import atomic_write_text
 from h3flow.core.paths import ENTRYPOINTS, SOURCE_DIR
 
@@ -37,6 +37,11 @@ class DeploymentSpec:
     @property
     def full_name(self) -> str:
         return f"{self.flow}/{self.name}"
+
+    @property
+    def tags(self) -> list[str]:
+        """Every run of it carries these: the silence automations tell clips from dispatchers by them."""
+        return [H3FLOW_TAG, DISPATCHER_TAG if self.flow == "batch" else CLIP_TAG]
 
 
 def deployment_specs(config: LocalConfig, config_path: Path) -> list[DeploymentSpec]:
@@ -124,7 +129,7 @@ def _deploy_all(config: LocalConfig, config_path: Path) -> list[str]:
                 name=spec.name,
                 work_pool_name=spec.work_pool,
                 parameters=spec.parameters,
-                tags=[H3FLOW_TAG],
+                tags=spec.tags,
                 schedules=schedules,
                 build=False,
                 push=False,
@@ -160,7 +165,7 @@ def prefect_yaml(config: LocalConfig, config_path: Path, source_dir: Path = SOUR
             f"- name: {q(spec.name)}",
             f"  entrypoint: {q(ENTRYPOINTS[spec.flow])}",
             f"  parameters: {q(spec.parameters)}",
-            f"  tags: {q([H3FLOW_TAG])}",
+            f"  tags: {q(spec.tags)}",
             "  work_pool:",
             f"    name: {q(spec.work_pool)}",
         ]

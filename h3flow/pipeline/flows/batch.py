@@ -22,7 +22,7 @@ from prefect.states import Cancelled, Crashed, State
 
 from h3flow.config.models import LocalConfig, config_at
 from h3flow.core.batch import Batch, load_batch, with_image_hashes
-from h3flow.core.contracts import H3FLOW_TAG, run_tag
+from h3flow.core.contracts import DISPATCHER_TAG, H3FLOW_TAG, run_tag
 from h3flow.core.errors import ConfigError, H3FlowError
 from h3flow.core.fsutil import atomic_write_text, file_lock
 from h3flow.pipeline import stopping
@@ -175,7 +175,11 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
     api = PrefectApi(parent_flow_run_id=own_id)
     try:
         if own_id:  # the inbox run keeps its name and gathers one tag per batch it runs
-            api.name_run(own_id, manifest.run_id if name_the_run else None, [run_tag(manifest.run_id), H3FLOW_TAG])
+            api.name_run(
+                own_id,
+                manifest.run_id if name_the_run else None,
+                [run_tag(manifest.run_id), H3FLOW_TAG, DISPATCHER_TAG],
+            )
         logger.info("run %s: %d clips on %s", manifest.run_id, len(manifest.clips), config.topology)
         progress = Progress(manifest)
 
