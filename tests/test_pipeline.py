@@ -222,9 +222,9 @@ def test_a_batch_travels_by_reference_staged_on_the_dispatchers_host(cluster: Cl
     parameters = batch_run(cluster, run_id).parameters
     staged = parameters["staged"]
     assert staged["clips"] == 1200 and len(json.dumps(parameters)) < 1024, parameters
-    from h3flow.pipeline.runs import staged_batch_path
+    from h3flow.pipeline.params import StagedBatch
 
-    assert file_intact(staged_batch_path(cluster.config, staged["sha256"]), staged["sha256"])
+    assert file_intact(StagedBatch.path(cluster.config, staged["sha256"]), staged["sha256"])
     wait_until(lambda: any(line["clip"].startswith("big") for line in cluster.journal("host-a")), 240, "its first clip")
     assert h3(cluster, "cancel", run_id).returncode == 0
 

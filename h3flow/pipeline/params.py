@@ -7,8 +7,11 @@ their fields, with these descriptions, in the UI. The flow bodies receive the mo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3flow.config.models import LocalConfig
 from h3flow.core.contracts import MAX_SUBMISSIONS
 from h3flow.pipeline.lifecycle import ClipState
 
@@ -42,6 +45,13 @@ class StagedBatch(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the staged batch file's SHA-256 (its name)")
     clips: int = Field(ge=1, description="how many clips it holds")
     name: str = Field(description="the batch's name")
+
+    @staticmethod
+    def path(config: LocalConfig, sha256: str) -> Path:
+        """Where a staged batch lives: the control host's input store, named by content."""
+        from h3flow.handoff.inputs import input_path
+
+        return input_path(Path(config.hosts[config.control_host].storage.root), sha256, ".json")
 
 
 class ResumePlan(BaseModel):

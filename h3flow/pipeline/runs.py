@@ -101,19 +101,12 @@ BatchStager = Callable[[LocalConfig, bytes, str], None]
 """Puts a validated batch (its JSON bytes, their SHA-256) where the dispatcher reads it."""
 
 
-def staged_batch_path(config: LocalConfig, sha256: str) -> Path:
-    """Where a staged batch lives: the control host's input store, named by content."""
-    from h3flow.handoff.inputs import input_path
-
-    return input_path(Path(config.hosts[config.control_host].storage.root), sha256, ".json")
-
-
 def batch_in_place(config: LocalConfig, data: bytes, sha256: str) -> None:
     """The embedded default: the dispatcher's host is this machine."""
     from h3flow.core.files import file_intact
     from h3flow.core.fsutil import atomic_path
 
-    target = staged_batch_path(config, sha256)
+    target = StagedBatch.path(config, sha256)
     if not file_intact(target, sha256):
         with atomic_path(target) as tmp:
             Path(tmp).write_bytes(data)

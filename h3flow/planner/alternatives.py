@@ -113,7 +113,7 @@ def under(
     recommended: str | None,
 ) -> Outcome:
     """Plan again under the fit ``name`` and say what it would recommend."""
-    from h3flow.planner.recommend import choose, hosts, plan_all
+    from h3flow.planner.topologies import choose, hosts, plan_all
 
     other = profile.variant(name)
     evals = plan_all(candidates, clips, other, method, seconds=seconds, threshold=threshold, design=False)

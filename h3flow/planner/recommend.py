@@ -20,7 +20,7 @@ from typing import Any
 from h3flow.planner.payoff import Gain, Group, Payoff, Side, payoff, resized
 from h3flow.planner.search import Candidate
 from h3flow.planner.timing import PlanClip
-from h3flow.planner.topologies import METHODS, Evaluation, evaluate, plan_all
+from h3flow.planner.topologies import METHODS, Evaluation, _blocker, _fewer_hosts, choose, evaluate, hosts, plan_all
 
 __all__ = [
     "BASELINE_WHY",
@@ -38,11 +38,6 @@ __all__ = [
 ]
 
 
-def hosts(c: Candidate) -> frozenset[str]:
-    """The hosts beyond the main sampler host that a topology uses: extra samplers and decoders."""
-    return c.extras | c.decoders
-
-
 @dataclass(frozen=True)
 class Recommendation:
     name: str | None  # None: nothing to choose between (one topology asked for)
@@ -55,22 +50,6 @@ def _extra(small: Candidate, big: Candidate) -> str:
     parts = [f"the {h} host" for h in sorted(big.extras - small.extras)]
     parts += [f"decoder {d}" for d in sorted(big.decoders - small.decoders)]
     return " and ".join(parts) or "no extra host"
-
-
-def _fewer_hosts(s: Evaluation, e: Evaluation) -> bool:
-    return hosts(s.candidate) < hosts(e.candidate)
-
-
-def _blocker(ok: list[Evaluation], e: Evaluation, threshold: float) -> Evaluation | None:
-    smaller = [s for s in ok if _fewer_hosts(s, e) and e.rate < s.rate * (1 + threshold)]
-    return max(smaller, key=lambda s: s.rate) if smaller else None
-
-
-def choose(ok: list[Evaluation], threshold: float) -> Evaluation:
-    """The fastest topology whose extra hosts pay: it beats every topology that uses a subset of its extra
-    hosts by at least ``threshold`` in clips/h (on the best schedules found)."""
-    acceptable = [e for e in ok if _blocker(ok, e, threshold) is None]
-    return max(acceptable, key=lambda e: (round(e.rate, 6), -e.candidate.hardware_size))
 
 
 def _side(e: Evaluation) -> Side:

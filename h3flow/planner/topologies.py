@@ -208,8 +208,6 @@ def allocate(evals: list[Evaluation], seconds: float, threshold: float) -> None:
     """Spend ``seconds`` of wall time on the open topologies: first the cheap whole-clip starts of each (the most
     promising first: they often change which is fastest), then slices — the tentative recommendation weighted 3,
     the other group leaders 1.5, the rest 0.5; the least served for its weight goes next."""
-    from h3flow.planner.recommend import choose
-
     end = time.perf_counter() + seconds
     for ev in sorted(open_ones(evals), key=lambda e: -e.rate_bound):
         if end - time.perf_counter() < MIN_SLICE:
@@ -225,3 +223,25 @@ def allocate(evals: list[Evaluation], seconds: float, threshold: float) -> None:
         weight = {id(e): 3.0 if e is rec else 1.5 if id(e) in leaders else 0.5 for e in todo}
         ev = min(todo, key=lambda e: (e.slices / weight[id(e)], -e.rate_bound))
         ev.step(max(MIN_SLICE, min(left, left * weight[id(ev)] / sum(weight.values()))))
+
+
+# ---------------------------------------------------------------- which topology wins (the 15% rule)
+def hosts(c: Candidate) -> frozenset[str]:
+    """The hosts beyond the main sampler host that a topology uses: extra samplers and decoders."""
+    return c.extras | c.decoders
+
+
+def _fewer_hosts(s: Evaluation, e: Evaluation) -> bool:
+    return hosts(s.candidate) < hosts(e.candidate)
+
+
+def _blocker(ok: list[Evaluation], e: Evaluation, threshold: float) -> Evaluation | None:
+    smaller = [s for s in ok if _fewer_hosts(s, e) and e.rate < s.rate * (1 + threshold)]
+    return max(smaller, key=lambda s: s.rate) if smaller else None
+
+
+def choose(ok: list[Evaluation], threshold: float) -> Evaluation:
+    """The fastest topology whose extra hosts pay: it beats every topology that uses a subset of its extra
+    hosts by at least ``threshold`` in clips/h (on the best schedules found)."""
+    acceptable = [e for e in ok if _blocker(ok, e, threshold) is None]
+    return max(acceptable, key=lambda e: (round(e.rate, 6), -e.candidate.hardware_size))

@@ -83,9 +83,8 @@ def open_run(
 def read_staged(config: LocalConfig, staged: StagedBatch) -> Batch:
     """The batch ``h3flow run`` staged on this host, checked against its SHA-256."""
     from h3flow.core.files import file_intact
-    from h3flow.pipeline.runs import staged_batch_path
 
-    path = staged_batch_path(config, staged.sha256)
+    path = StagedBatch.path(config, staged.sha256)
     if not file_intact(path, staged.sha256):
         raise ConfigError(f"staged batch {staged.name} ({staged.sha256[:12]}) is missing or damaged at {path}")
     batch = Batch.model_validate_json(path.read_bytes())
