@@ -593,3 +593,30 @@ def test_a_prefect_call_failing_at_any_point_of_a_run_loses_and_repeats_nothing(
                 assert len(done) == 1 and (a0_dies or len(api.of(kind, clip)) == 1), (at, clip, kind)
         left = [r.name for r in api.runs.values() if r.state in ("SCHEDULED", "RUNNING") and r.pool not in api.dead]
         assert not left, (at, left)
+
+
+def test_the_searched_plan_is_taken_once_its_thread_has_it(config: LocalConfig) -> None:
+    """The first clips go by the heuristics' plan; the searched one, made in a thread, is followed
+    (and recorded in the manifest) from the pass after it is ready: no clip waits for the search."""
+    from concurrent.futures import Future
+
+    from h3flow.pipeline.plan import clips_of, plan_clips
+
+    manifest = batch(4)
+    better: Future = Future()
+    api = FakePrefect()
+    original = api.advance
+
+    def search_done_at_5s() -> None:
+        if api.t >= 1005.0 and not better.done():
+            better.set_result(plan_clips(clips_of(manifest), config, 0.0))
+        original()
+
+    api.advance = search_done_at_5s  # type: ignore[method-assign]
+    logged: list[str] = []
+    dispatcher = Dispatcher(config, "/cfg", manifest, api, Saved(), log=logged.append, better_plan=better)
+    result = dispatcher.run()
+    assert [r.submitted for r in api.of("sample")][:2] == [1000.0, 1000.0], "the first clips did not wait"
+    assert dispatcher.plan is better.result() and dispatcher.better_plan is None
+    assert result.planned_makespan == round(better.result().schedule.makespan, 3)
+    assert all(rec.planned for rec in result.clips.values()) and any(line.startswith("plan:") for line in logged)

@@ -31,8 +31,9 @@ crashed by the silence automation, taken over by ``resume``) stops at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from h3flow.config.models import LocalConfig
 from h3flow.config.settings import settings
@@ -45,6 +46,9 @@ from h3flow.pipeline.params import Budget
 from h3flow.pipeline.prefect_api import TERMINAL_STATES, UNAVAILABLE, RunState, Submission
 from h3flow.pipeline.results import FailureKind, StageResult
 from h3flow.planner.schedule import Schedule
+
+if TYPE_CHECKING:
+    from h3flow.planner.best import Best
 
 POLL = 0.5
 API_GIVE_UP_S = 120.0  # the Prefect API unavailable this long ends the dispatcher (resume continues)
@@ -160,6 +164,8 @@ class Dispatcher:
         own_flow_run_id: str | None = None,
         log: Callable[[str], None] = lambda line: None,
         stop_requested: Callable[[], str | None] = lambda: None,
+        plan: Best | None = None,
+        better_plan: Future[Best | None] | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -171,6 +177,8 @@ class Dispatcher:
         self.own_id = own_flow_run_id  # the batch flow run: this dispatcher acts while it is Running
         self.log = log
         self.stop_requested = stop_requested  # the worker asks this run to stop (cancelled in Prefect)
+        self.plan = plan  # the plan it follows (the batch flow publishes it at the end)
+        self.better_plan = better_plan  # a searched plan, being made in a thread: taken when it is ready
         self.unanswered: dict[str, tuple[Submission, str, str]] = {}  # clip -> (sample sent, pool, decoder)
         self.children: dict[str, Child] = {}
         self.dirty: set[str] = set()  # clips changed since the last save
@@ -262,6 +270,7 @@ class Dispatcher:
         """One pass of the loop; True when the run is over. The API being briefly unavailable
         (a busy or restarting server) is waited out, up to ``API_GIVE_UP_S``."""
         try:
+            self.take_better_plan()
             states = self.api.states([*self.children, *([self.own_id] if self.own_id else [])])
             if self.stopping(states):
                 return True
@@ -283,6 +292,21 @@ class Dispatcher:
             self.log(f"Prefect API back: it had not answered for {self.api_answered - self.api_down_since:.0f} s")
             self.api_down_since = None
         return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
+
+    def take_better_plan(self) -> None:
+        """Follow the searched plan once its thread has it (the first clips went by the heuristics')."""
+        if self.better_plan is None or not self.better_plan.done():
+            return
+        best, self.better_plan = self.better_plan.result(), None
+        if best is None:
+            return
+        from h3flow.pipeline.plan import record_plan
+
+        self.plan = best
+        record_plan(self.manifest, best)
+        self.dirty |= set(self.manifest.clips)
+        self.choose = planner_chooser(self.config, best.schedule)
+        self.log(f"plan: {best.schedule.makespan:.1f} s, proven bound {best.proven:.1f} s ({best.method})")
 
     def beat(self) -> None:
         """Save the manifest (only the clips that changed), stamped with when."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from h3flow.pipeline.manifest import (
     save_manifest,
 )
 from h3flow.pipeline.params import ResumePlan, StagedBatch
-from h3flow.pipeline.plan import plan_for_manifest
+from h3flow.pipeline.plan import PLAN_TIME_LIMIT, QUICK_PLAN_CLIPS, clips_of, plan_clips, plan_for_manifest
 from h3flow.pipeline.prefect_api import UNAVAILABLE, PrefectApi
 from h3flow.pipeline.run_report import write_run_report
 
@@ -191,20 +192,29 @@ def run_batch(manifest: Manifest, config_path: str, name_the_run: bool = True) -
             except UNAVAILABLE as exc:  # the UI's bar can wait; the record cannot
                 logger.warning("progress artifact not updated: %s", exc)
 
-        plan = plan_for_manifest(manifest, config)
-        dispatcher = Dispatcher(
-            config,
-            config_path,
-            manifest,
-            api,
-            save,
-            choose=planner_chooser(config, plan.schedule if plan else None),
-            incarnation=(own_id or "local")[:8],
-            own_flow_run_id=own_id,
-            log=logger.info,
-            stop_requested=lambda: stopping.stop_reason(own_id),
-        )
-        result = dispatcher.run()
+        quick = plan_for_manifest(manifest, config, time_limit=0.0)  # the heuristics: at once
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="h3flow-plan") as search:
+            better = (
+                search.submit(plan_clips, clips_of(manifest), config, PLAN_TIME_LIMIT)
+                if quick is not None and len(manifest.clips) <= QUICK_PLAN_CLIPS
+                else None
+            )
+            dispatcher = Dispatcher(
+                config,
+                config_path,
+                manifest,
+                api,
+                save,
+                choose=planner_chooser(config, quick.schedule if quick else None),
+                incarnation=(own_id or "local")[:8],
+                own_flow_run_id=own_id,
+                log=logger.info,
+                stop_requested=lambda: stopping.stop_reason(own_id),
+                plan=quick,
+                better_plan=better,
+            )
+            result = dispatcher.run()
+        plan = dispatcher.plan
     finally:
         manifest.dispatch_api_calls += api.calls
         api.close()
