@@ -620,3 +620,19 @@ def test_the_searched_plan_is_taken_once_its_thread_has_it(config: LocalConfig) 
     assert dispatcher.plan is better.result() and dispatcher.better_plan is None
     assert result.planned_makespan == round(better.result().schedule.makespan, 3)
     assert all(rec.planned for rec in result.clips.values()) and any(line.startswith("plan:") for line in logged)
+
+
+def test_a_child_that_failed_without_publishing_its_rows_is_sent_again(config: LocalConfig) -> None:
+    """Its rows go out even when a stage fails: none means its end could not reach the API (an outage)."""
+    api = FakePrefect()
+    lost = {"c0"}
+
+    def script(run: Run) -> Outcome | None:
+        if run.deployment.startswith("sample") and run.params["clip"]["id"] in lost:
+            lost.clear()
+            return "FAILED", {}
+        return None
+
+    api.script = script
+    result = dispatch(config, api, batch(2))
+    assert result.state == "completed" and len(api.of("sample", "c0")) == 2

@@ -430,7 +430,9 @@ def test_the_decoder_host_rebooted_mid_batch_then_resume_from_the_controller(mh:
     # its GPU slot's lease expires; its cache lock died with its process (flock): nothing waits for good
     done = mh.wait(run_id)
     if done.returncode != 0:
-        assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr and "✗ run" in done.stdout, (
+            done.stdout + done.stderr + mh.diagnosis(run_id)
+        )
         resumed = mh.h3("resume", run_id, timeout=900)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     mh.delivered_once(run_id, clips)

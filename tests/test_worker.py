@@ -128,8 +128,9 @@ def test_cancelling_the_batch_run_cancels_its_clips_through_prefect_and_resume_f
     from prefect.states import State
 
     ids = [f"y{i}" for i in range(4)]
+    long = {"spec": "hd", "seconds": 2, "steps": 24}  # 10-30 s a sample: most of the batch is still to do
     run_id = cluster.submit(
-        write_batch(tmp_path / "cancel-all.json", [{"id": c, "seed": 700 + i, **SLOW} for i, c in enumerate(ids)])
+        write_batch(tmp_path / "cancel-all.json", [{"id": c, "seed": 700 + i, **long} for i, c in enumerate(ids)])
     )
     wait_until(lambda: any(j["clip"] in ids and j["stage"] == "sample" for j in cluster.journal("host-a")), 180,
                "a sample to start")  # fmt: skip
