@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from cluster import DISPATCHER_SILENCE_S, SILENCE_S, SILENCES, SLOW, Cluster, make_cluster, wait_until, write_batch
+from cluster import DISPATCHER_SILENCE_S, SILENCE_S, SILENCES, Cluster, make_cluster, wait_until, write_batch
 
 from h3flow.core.contracts import AHEAD, CLIP_TAG, DISPATCHER_TAG, H3FLOW_TAG, WORKER_TYPE, gpu_limit
 from h3flow.pipeline.automations import NEVER_STARTED, SILENT_CLIP, SILENT_DISPATCHER
