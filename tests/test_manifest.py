@@ -8,6 +8,7 @@ import pytest
 
 from h3flow.core.batch import Clip
 from h3flow.pipeline.manifest import ManifestWriter, journal_path, load_manifest, manifest_path, new_manifest
+from h3flow.pipeline.results import StageResult
 
 IMAGE = Path(__file__).resolve().parents[1] / "examples" / "images" / "landscape.png"
 
@@ -67,3 +68,25 @@ def test_a_line_cut_short_by_a_crash_is_ignored_and_snapshots_rotate(
         handle.write('{"header": {"journal_seq": 99, "state": "fail')  # the dispatcher died mid-line
     back = load_manifest(tmp_path, "run-1")
     assert back.clips["c2"].state == "sampling" and back.state == "pending"
+
+
+def test_the_executed_charts_title_says_the_span_its_legend_shows(tmp_path: Path) -> None:
+    """Both read the same figure (before: the title had the run's wall time, 40.93 s, the legend 40.6 s)."""
+    from h3flow.config.adapt import adapt, local_host_map
+    from h3flow.pipeline.run_report import executed_schedule, gantt_title
+
+    config = adapt(local_host_map(tmp_path, base_port=41000), work_dir=str(tmp_path))
+    clip = Clip(id="c0", prompt="pan left", image=IMAGE, spec="tiny", seed=1)
+    m = new_manifest("r", "b", [clip], "local.json")
+    m.started, m.finished = 100.0, 141.0  # the report and chart are written after the last stage
+    rec = m.clips["c0"]
+    rec.pool, rec.decoder = "a0", "b"
+    rec.stages = {
+        "encode": StageResult(stage="encode", started=101.0, seconds=1.0),
+        "sample": StageResult(stage="sample", started=102.0, seconds=10.0),
+        "transfer": StageResult(stage="transfer", started=112.0, seconds=0.5),
+        "decode": StageResult(stage="decode", started=113.0, seconds=27.6),
+    }
+    schedule = executed_schedule(m, config)
+    assert schedule.makespan == pytest.approx(40.6)
+    assert gantt_title(m, config, schedule).endswith(": 40.6 s to its last stage")

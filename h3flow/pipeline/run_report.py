@@ -93,6 +93,12 @@ def executed_schedule(manifest: Manifest, config: LocalConfig) -> Any:
     )
 
 
+def gantt_title(manifest: Manifest, config: LocalConfig, schedule: Any) -> str:
+    """The executed chart's title, with the span its legend's makespan shows (the run's start to its
+    last stage's end), not the run's wall time to its report (report.md has that)."""
+    return f"run {manifest.run_id} as executed on {config.topology}: {schedule.makespan:.1f} s to its last stage"
+
+
 def write_run_report(manifest: Manifest, config: LocalConfig) -> dict[str, Path]:
     """report.json (summary + per clip and stage, planned vs actual), report.md, gantt.png."""
     folder = run_dir(config.runs_dir, manifest.run_id)
@@ -119,12 +125,7 @@ def write_run_report(manifest: Manifest, config: LocalConfig) -> dict[str, Path]
         schedule = executed_schedule(manifest, config)
         if schedule.runs:
             resources = Resources.from_config(config)
-            paths["gantt"] = draw(
-                schedule,
-                resources,
-                folder / "gantt.png",
-                f"run {manifest.run_id} as executed on {config.topology} ({info['makespan_s']} s)",
-            )
+            paths["gantt"] = draw(schedule, resources, folder / "gantt.png", gantt_title(manifest, config, schedule))
     except Exception as exc:  # noqa: BLE001 - a missing chart must not fail a delivered run
         atomic_write_text(folder / "gantt.error.txt", f"{type(exc).__name__}: {exc}\n")
     return paths
