@@ -241,9 +241,9 @@ def test_a_10000_clip_batch_is_dispatched_with_the_dispatcher_under_300_mb(clust
     dispatcher — a thread of the control worker — has grown that process by under 300 MB."""
     control = cluster.pidfile_pid("h3-control")
     before = rss_mb(control)
-    clips = [{"id": f"k{i:05d}", "seed": 20000 + i} for i in range(10_000)]
+    clips = [{"id": f"tenk{i:05d}", "seed": 20000 + i} for i in range(10_000)]
     run_id = submit(cluster, write_batch(tmp_path / "tenk.json", clips))
-    wait_until(lambda: any(line["clip"].startswith("k0") for line in cluster.journal("host-a")), 300, "a first clip")
+    wait_until(lambda: any(line["clip"].startswith("tenk") for line in cluster.journal("host-a")), 300, "a first clip")
     grown = rss_mb(control) - before
     assert h3(cluster, "cancel", run_id).returncode == 0
     assert grown < 300, f"the control worker grew by {grown:.0f} MB dispatching 10,000 clips"
@@ -267,7 +267,7 @@ def newest_batch_run_story(cluster: Cluster) -> tuple[str, list[str]]:
 
     with prefect_api(cluster.config), get_client(sync_client=True) as client:
         (run,) = client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])), sort=FlowRunSort.START_TIME_DESC, limit=1
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1
         )
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     return (run.state.message or "") if run.state else "", [log.message for log in logs]
