@@ -4,7 +4,8 @@ Each GPU pool is a work pool of the ``h3flow`` type served by a worker that runs
 flow runs in its own warm process; the pool's queue holds AHEAD clips, a global
 concurrency limit keeps its GPU stages to one clip; a cancelled clip stops at its next
 stage boundary; cancelling a batch run cancels its clips through Prefect's cascade; a
-claim that never starts is marked Crashed by the silence automations ``deploy`` made.
+claim that never starts, or a start that never beats, is marked Crashed by the silence
+automations ``deploy`` made.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from h3flow.pipeline.manifest import load_manifest
 from h3flow.pipeline.prefect_api import RunFlowRun, prefect_api, run_flow_runs
 
 pytestmark = pytest.mark.prefect
+
+BEAT_OR_START = {"prefect.flow-run.heartbeat", "prefect.flow-run.Running"}
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,7 @@ def test_prefect_holds_the_pools_their_limits_and_the_automations(cluster: Clust
     for name, (tag, within) in watches.items():
         (automation,) = client.read_automations_by_name(name)
         assert automation.enabled and automation.trigger.within.total_seconds() == within, name
+        assert automation.trigger.after == ({"prefect.flow-run.Pending"} if name == NEVER_STARTED else BEAT_OR_START)
         assert automation.trigger.match_related.root == {
             "prefect.resource.role": "tag",
             "prefect.resource.id": f"prefect.tag.{tag}",
@@ -152,21 +156,28 @@ def test_cancelling_the_batch_run_cancels_its_clips_through_prefect_and_resume_f
     assert len(load_manifest(cluster.config.runs_dir, run_id).delivered) == 4
 
 
-def test_a_claim_that_never_starts_is_marked_crashed(cluster: Cluster, client: Any) -> None:
+def test_a_claim_that_never_starts_and_a_start_that_never_beats_are_marked_crashed(
+    cluster: Cluster, client: Any
+) -> None:
     """A worker's Pending proposal that the server took but whose answer was lost: nobody starts
-    the run. Prefect's automation marks it Crashed, and a dispatcher sends its clip again."""
+    the run. A clip run killed as it started, before its first heartbeat reached the server: no
+    beat will ever come. Prefect's automations mark both Crashed, and a dispatcher sends their
+    clips again."""
     from prefect import flow
-    from prefect.states import Pending
+    from prefect.states import Pending, Running
 
     stand_in = flow(name="sample-clip")(lambda: None)  # only its name reaches the server
-    run = client.create_flow_run(stand_in, name="claimed/z0 sample on a0", tags=[H3FLOW_TAG], state=Pending())
+    claimed = client.create_flow_run(stand_in, name="claimed/z0 sample on a0", tags=[H3FLOW_TAG], state=Pending())
+    started = client.create_flow_run(stand_in, name="started/z1 sample on a0", tags=[H3FLOW_TAG, CLIP_TAG])
+    client.set_flow_run_state(started.id, Running(), force=True)
 
     def crashed() -> bool:
-        state = client.read_flow_run(run.id).state
-        return state is not None and state.type.value == "CRASHED"
+        states = [client.read_flow_run(run.id).state for run in (claimed, started)]
+        return all(state is not None and state.type.value == "CRASHED" for state in states)
 
-    wait_until(crashed, SILENCE_S + 60, "the never-started claim to be marked Crashed", every=2)
-    assert "did not start" in (client.read_flow_run(run.id).state.message or "")
+    wait_until(crashed, SILENCE_S + 60, "the never-started claim and the never-beating start to be Crashed", every=2)
+    assert "did not start" in (client.read_flow_run(claimed.id).state.message or "")
+    assert "sent no heartbeat" in (client.read_flow_run(started.id).state.message or "")
 
 
 def test_a_pool_whose_worker_stops_is_not_ready_then_ready_again(cluster: Cluster, client: Any) -> None:

@@ -29,23 +29,24 @@ NEVER_STARTED = "h3flow: a claimed flow run that never starts is Crashed"
 
 def silence_automations(silence_s: float, dispatcher_silence_s: float) -> list[Any]:
     """Proactive triggers per flow run, in the form Prefect documents for zombie flow runs: after
-    a heartbeat, the next one (or the run's end) within a window — ``silence_s`` for a clip's
-    run, ``dispatcher_silence_s`` for a dispatcher's, longer than any API outage it rides out
-    (a false alarm there stops the run; one on a clip only sends it again) — and after a claim
-    (Pending), the start (or the end) within ``silence_s``: a claim whose answer the worker lost
-    leaves a run Pending that nobody will start."""
+    a heartbeat — or the start (Running), so a run killed before its first beat reached the
+    server is covered too — the next one (or the run's end) within a window: ``silence_s`` for
+    a clip's run, ``dispatcher_silence_s`` for a dispatcher's, longer than any API outage it
+    rides out (a false alarm there stops the run; one on a clip only sends it again). And after
+    a claim (Pending), the start (or the end) within ``silence_s``: a claim whose answer the
+    worker lost leaves a run Pending that nobody will start."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    def automation(name: str, tag: str, after: str, expect: set[str], within: float, what: str, then: str) -> Any:
+    def automation(name: str, tag: str, after: set[str], expect: set[str], within: float, what: str, then: str) -> Any:
         return AutomationCore(
             name=name,
             description=f"A flow run tagged {tag} that {what} for {within:g} s is marked Crashed: {then}.",
             trigger=EventTrigger(
                 match={"prefect.resource.id": "prefect.flow-run.*"},
                 match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{tag}"},
-                after={after},
+                after=after,
                 expect=expect,
                 for_each={"prefect.resource.id"},
                 posture=Posture.Proactive,
@@ -61,16 +62,31 @@ def silence_automations(silence_s: float, dispatcher_silence_s: float) -> list[A
         )
 
     silent = f"sent no heartbeat (every {HEARTBEAT_S} s) and did not end"
-    beat, beat_or_end = "prefect.flow-run.heartbeat", {"prefect.flow-run.heartbeat", *ENDED}
+    beat = "prefect.flow-run.heartbeat"
+    started_or_beat, beat_or_end = {beat, "prefect.flow-run.Running"}, {beat, *ENDED}
     return [
-        automation(SILENT_CLIP, CLIP_TAG, beat, beat_or_end, silence_s, silent, "the dispatcher sends its clip again"),
         automation(
-            SILENT_DISPATCHER, DISPATCHER_TAG, beat, beat_or_end, dispatcher_silence_s, silent, "`resume` may take over"
+            SILENT_CLIP,
+            CLIP_TAG,
+            started_or_beat,
+            beat_or_end,
+            silence_s,
+            silent,
+            "the dispatcher sends its clip again",
+        ),
+        automation(
+            SILENT_DISPATCHER,
+            DISPATCHER_TAG,
+            started_or_beat,
+            beat_or_end,
+            dispatcher_silence_s,
+            silent,
+            "`resume` may take over",
         ),
         automation(
             NEVER_STARTED,
             H3FLOW_TAG,
-            "prefect.flow-run.Pending",
+            {"prefect.flow-run.Pending"},
             {"prefect.flow-run.Running", "prefect.flow-run.Cancelling", *ENDED},
             silence_s,
             "was claimed by a worker and did not start",
