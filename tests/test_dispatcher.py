@@ -622,15 +622,19 @@ def test_the_searched_plan_is_taken_once_its_thread_has_it(config: LocalConfig) 
     assert all(rec.planned for rec in result.clips.values()) and any(line.startswith("plan:") for line in logged)
 
 
-def test_a_child_that_failed_without_publishing_its_rows_is_sent_again(config: LocalConfig) -> None:
-    """Its rows go out even when a stage fails: none means its end could not reach the API (an outage)."""
+@pytest.mark.parametrize("published", [{}, {"encode": StageResult(stage="encode", sha256=SHA, path="/s/e", size=1)}])
+def test_a_child_that_failed_without_publishing_its_failed_stage_is_sent_again(
+    config: LocalConfig, published: dict[str, StageResult]
+) -> None:
+    """A failing stage publishes its row with its kind: a failed run without one (none at all, or only
+    its finished stages') could not reach the API at its end (an outage), and is sent again."""
     api = FakePrefect()
     lost = {"c0"}
 
     def script(run: Run) -> Outcome | None:
         if run.deployment.startswith("sample") and run.params["clip"]["id"] in lost:
             lost.clear()
-            return "FAILED", {}
+            return "FAILED", published
         return None
 
     api.script = script

@@ -597,12 +597,11 @@ def child_name(run_id: str, clip_id: str, kind: str, pool: str) -> str:
 
 
 def failure_of(state: str, message: str, results: dict[str, StageResult]) -> tuple[FailureKind, str]:
-    """A failed child's kind and reason: the failed stage's row, else what its state says. A run that
-    failed without publishing a row could not reach the Prefect API at its end (its rows go out even
-    when a stage fails): it is sent again like a crashed one."""
+    """A failed child's kind and reason: its failed stage's row says (a stage that fails publishes its
+    row with its kind, ``bug`` included). A run that ended without such a row crashed, or could not
+    reach the Prefect API to publish it (a server restart: "All connection attempts failed"): it is
+    sent again like a crashed one, within the clip's budget."""
     for result in results.values():
         if result.failure is not None:
             return result.failure, result.error or message
-    if state in ("CRASHED", "CANCELLED") or not results:
-        return FailureKind.CRASHED, message
-    return FailureKind.BUG, message
+    return FailureKind.CRASHED, message
