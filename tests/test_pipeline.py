@@ -267,7 +267,9 @@ def newest_batch_run_story(cluster: Cluster) -> tuple[str, list[str]]:
 
     with prefect_api(cluster.config), get_client(sync_client=True) as client:
         (run,) = client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=1,
         )
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     return (run.state.message or "") if run.state else "", [log.message for log in logs]
@@ -280,7 +282,7 @@ def test_a_bad_batch_started_from_prefect_fails_saying_every_problem(cluster: Cl
     done = prefect_run(cluster, f"batch={bad}")
     assert done.returncode != 0
     state, lines = newest_batch_run_story(cluster)
-    assert "5 problems" in state and all(f"huge{i}" in state for i in range(5)), state
+    assert "5 problems" in state and all(f"huge{i}" in state for i in range(5)), state + done.stdout + done.stderr
     assert any(all(f"huge{i}" in line for i in range(5)) for line in lines), lines
     relative = prefect_run(cluster, "batch=five.json")
     assert relative.returncode != 0 and "absolute path" in relative.stdout + relative.stderr

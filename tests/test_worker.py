@@ -3,7 +3,7 @@
 Each GPU pool is a work pool of the ``h3flow`` type served by a worker that runs its
 flow runs in its own warm process; the pool's queue holds AHEAD clips, a global
 concurrency limit keeps its GPU stages to one clip; a cancelled clip stops at its next
-stage boundary; cancelling a batch run cancels its clips through Prefect's cascade; a
+stage boundary; cancelling a batch run cancels its clips (the dispatcher, and Prefect's cascade); a
 claim that never starts, or a start that never beats, is marked Crashed by the silence
 automations ``deploy`` made.
 """
@@ -126,8 +126,8 @@ def test_a_cancelled_clip_stops_at_its_next_stage_boundary_and_is_sent_again(
 def test_cancelling_the_batch_run_cancels_its_clips_through_prefect_and_resume_finishes(
     cluster: Cluster, client: Any, tmp_path: Path
 ) -> None:
-    """The UI's Cancel on the batch run alone: Prefect's cascade cancels the clip runs (subflow
-    runs of the batch run); the dispatcher stops and records the clips as cancelled."""
+    """The UI's Cancel on the batch run alone: its clip runs (its subflow runs) are cancelled, by the
+    dispatcher as it stops and by Prefect's cascade; the dispatcher records the clips as cancelled."""
     from prefect.client.schemas.objects import StateType
     from prefect.states import State
 

@@ -70,6 +70,7 @@ class DispatchApi(Protocol):
     def ready_pools(self, work_pools: list[str]) -> set[str]: ...
     def queue_limits(self, work_pools: list[str]) -> dict[str, int | None]: ...
     def withdraw(self, run_id: str, why: str) -> None: ...
+    def cancel(self, run_id: str, why: str) -> None: ...
     def now(self) -> float: ...
     def pause(self, seconds: float) -> None: ...
 
@@ -331,13 +332,26 @@ class Dispatcher:
                 raise Superseded(f"its flow run {self.own_id} is {own.lower()} in Prefect ({message or 'no reason'})")
         if why is None:
             return False
-        for rec in self.manifest.clips.values():  # Prefect cancels the children (subflow runs of this run)
+        self.cancel_children(why, states)
+        for rec in self.manifest.clips.values():
             if rec.state not in ("delivered", "failed", "cancelled"):
                 self.move(rec, "cancelled")
         self.children.clear()
         self.manifest.state = "cancelled"
-        self.log(f"run cancelled ({why}): Prefect cancels its clip runs with it")
+        self.log(f"run cancelled ({why}): its clip runs are cancelled with it")
         return True
+
+    def cancel_children(self, why: str, states: dict[str, RunState]) -> None:
+        """Cancel the live children at once: what Prefect's cascade does once this run is Cancelled,
+        but its server-side write is not retried before its next loop, and on SQLite it fails
+        under load ("database is locked": twice in a row for all four clips of a measured run,
+        which then ran to their end). The cascade stays the fallback (a dispatcher that died)."""
+        for run_id in self.children:
+            state = states.get(run_id, ("GONE", None))[0]
+            if state in NOT_STARTED:
+                self.api.withdraw(run_id, f"cancelled with its batch run: {why}")
+            elif state in ("PENDING", "RUNNING", "PAUSED"):
+                self.api.cancel(run_id, f"cancelled with its batch run: {why}")
 
     def tags(self, pool: str) -> list[str]:
         return [self.run_tag, pool_tag(pool), CLIP_TAG]

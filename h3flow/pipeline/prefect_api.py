@@ -153,8 +153,8 @@ class PrefectApi:
 
     Inside a flow run (the batch flow), children are linked to it as subflow runs the
     way ``run_deployment`` links them: one task run in the parent per child, so the UI's
-    run graph and "Subflow runs" tab show every clip and cancelling the batch run
-    cancels them (Prefect's cancellation cascade).
+    run graph and "Subflow runs" tab show every clip, and Prefect's cancellation cascade
+    covers them when the batch run is cancelled.
     """
 
     def __init__(self, parent_flow_run_id: str | None = None) -> None:
@@ -277,6 +277,15 @@ class PrefectApi:
 
         self.calls += 1
         self.client.set_flow_run_state(UUID(run_id), Cancelled(message=why))
+
+    def cancel(self, run_id: str, why: str) -> None:
+        """Ask a started child to stop (Cancelling): its worker stops it at its next stage boundary."""
+        from uuid import UUID
+
+        from prefect.states import Cancelling
+
+        self.calls += 1
+        self.client.set_flow_run_state(UUID(run_id), Cancelling(message=why))
 
     def name_run(self, run_id: str, name: str | None, tags: list[str]) -> None:
         """Give a flow run h3flow's name and tags (a batch run started from the UI or the Prefect CLI too)."""
