@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,20 +258,20 @@ def prefect_run(cluster: Cluster, *params: str) -> subprocess.CompletedProcess[s
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
 
 
-def newest_batch_run_story(cluster: Cluster) -> tuple[str, list[str]]:
-    """The newest batch flow run's state message and its log lines."""
+def run_story(cluster: Cluster, started: subprocess.CompletedProcess[str]) -> tuple[str, list[str]]:
+    """The state message and log lines of the flow run `prefect deployment run` started (it prints
+    its UUID; the newest "batch" run may be one the inbox's schedule made)."""
+    from uuid import UUID
+
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from h3flow.pipeline.prefect_api import prefect_api
 
+    found = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)
+    assert found, started.stdout + started.stderr
     with prefect_api(cluster.config), get_client(sync_client=True) as client:
-        (run,) = client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["batch"])),
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            limit=1,
-        )
+        run = client.read_flow_run(UUID(found.group(1)))
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     return (run.state.message or "") if run.state else "", [log.message for log in logs]
 
@@ -281,7 +282,7 @@ def test_a_bad_batch_started_from_prefect_fails_saying_every_problem(cluster: Cl
     bad = write_batch(tmp_path / "five.json", [{"id": f"b{i}", "spec": f"huge{i}"} for i in range(5)])
     done = prefect_run(cluster, f"batch={bad}")
     assert done.returncode != 0
-    state, lines = newest_batch_run_story(cluster)
+    state, lines = run_story(cluster, done)
     assert "5 problems" in state and all(f"huge{i}" in state for i in range(5)), state + done.stdout + done.stderr
     assert any(all(f"huge{i}" in line for i in range(5)) for line in lines), lines
     relative = prefect_run(cluster, "batch=five.json")
