@@ -649,3 +649,14 @@ def test_a_child_that_failed_without_publishing_its_failed_stage_is_sent_again(
     api.script = script
     result = dispatch(config, api, batch(2))
     assert result.state == "completed" and len(api.of("sample", "c0")) == 2
+
+
+def test_a_stage_that_lost_the_prefect_api_is_a_crash_the_dispatcher_sends_again() -> None:
+    """The server restarted under a running task: its engine raises httpx's "All connection attempts
+    failed" (before: kind `bug`, and the clip failed for good)."""
+    import httpx
+
+    from h3flow.pipeline.results import classify
+
+    assert classify(httpx.ConnectError("All connection attempts failed")) is FailureKind.CRASHED
+    assert FailureKind.CRASHED.dispatcher_retries

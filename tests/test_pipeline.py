@@ -286,7 +286,7 @@ def test_a_bad_batch_started_from_prefect_fails_saying_every_problem(cluster: Cl
     assert "5 problems" in state and all(f"huge{i}" in state for i in range(5)), state + done.stdout + done.stderr
     assert any(all(f"huge{i}" in line for i in range(5)) for line in lines), lines
     relative = prefect_run(cluster, "batch=five.json")
-    assert relative.returncode != 0 and "absolute path" in relative.stdout + relative.stderr
+    assert relative.returncode != 0 and "absolute path" in run_story(cluster, relative)[0]
 
 
 def test_the_batch_deployment_describes_its_parameters_in_the_ui(cluster: Cluster) -> None:

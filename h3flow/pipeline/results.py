@@ -48,8 +48,12 @@ def classify(exc: BaseException) -> FailureKind:
     """The kind of a stage's exception (the only place this is decided)."""
     from prefect.task_engine import TaskRunTimeoutError
 
+    import httpx
+
     if isinstance(exc, BudgetSpent):
         return FailureKind.BUDGET
+    if isinstance(exc, httpx.TransportError):  # the run's engine lost the Prefect API (ComfyUI's are wrapped)
+        return FailureKind.CRASHED
     if isinstance(exc, TaskRunTimeoutError):
         return FailureKind.TIMEOUT
     if isinstance(exc, IntegrityError):
