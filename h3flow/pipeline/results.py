@@ -46,9 +46,8 @@ PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno
 
 def classify(exc: BaseException) -> FailureKind:
     """The kind of a stage's exception (the only place this is decided)."""
-    from prefect.task_engine import TaskRunTimeoutError
-
     import httpx
+    from prefect.task_engine import TaskRunTimeoutError
 
     if isinstance(exc, BudgetSpent):
         return FailureKind.BUDGET
