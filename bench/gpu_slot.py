@@ -13,7 +13,7 @@ from one thread letting go to the other holding it. Rows, measured in the same r
   ``Retry-After`` the server sends (the slot's average occupancy, capped);
 - ``prefect, h3flow's server``: the same against a server started with h3flow's settings
   (the cap at 2 s);
-- ``h3flow gpu_slot``: :func:`h3flow.pipeline.flows.clip.gpu_slot` on h3flow's server.
+- ``h3flow gpu_slot``: :func:`h3flow.pipeline.gpu_slot.gpu_slot` on h3flow's server.
 
 Prints per row the median and largest gap, and the API calls per hand-over.
 """
@@ -130,7 +130,7 @@ def prefect_slot(name: str) -> AbstractContextManager[None]:
 
 
 def h3flow_slot(name: str) -> AbstractContextManager[None]:
-    from h3flow.pipeline.flows.clip import gpu_slot
+    from h3flow.pipeline.gpu_slot import gpu_slot
 
     return gpu_slot(name.removeprefix("h3flow-gpu-"))
 

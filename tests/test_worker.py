@@ -180,6 +180,45 @@ def test_a_claim_that_never_starts_and_a_start_that_never_beats_are_marked_crash
     assert "sent no heartbeat" in (client.read_flow_run(started.id).state.message or "")
 
 
+def test_a_pools_clips_take_its_gpu_slot_one_at_a_time_holding_prefects_slot_meanwhile(cluster: Cluster) -> None:
+    """Three clips of a pool in one process: never two on the GPUs at once; Prefect's slot (the
+    Concurrency page) is held while they run, handed on in-process, and free after the last."""
+    import threading
+    import time
+
+    from h3flow.pipeline.gpu_slot import gpu_slot
+
+    pool = cluster.config.pools[0].name
+    inside: list[str] = []
+    most, active = [0], []
+    guard = threading.Lock()
+
+    def clip(name: str) -> None:
+        with prefect_api(cluster.config), gpu_slot(pool):
+            with guard:
+                inside.append(name)
+                most[0] = max(most[0], len(inside))
+            active.append(client_slots(cluster, pool))
+            time.sleep(0.3)  # a clip's GPU stages
+            with guard:
+                inside.remove(name)
+
+    threads = [threading.Thread(target=clip, args=(f"c{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1 and active == [1, 1, 1], (most, active)
+    wait_until(lambda: client_slots(cluster, pool) == 0, 30, "the slot to be free after the last clip")
+
+
+def client_slots(cluster: Cluster, pool: str) -> int:
+    from prefect.client.orchestration import get_client
+
+    with prefect_api(cluster.config), get_client(sync_client=True) as c:
+        return int(c.read_global_concurrency_limit_by_name(gpu_limit(pool)).active_slots)
+
+
 def test_a_pool_whose_worker_stops_is_not_ready_then_ready_again(cluster: Cluster, client: Any) -> None:
     def status() -> str:
         return client.read_work_pool("h3-a1").status.value

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,16 @@ from prefect.states import Cancelled, State
 from h3flow.config.models import config_at
 from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
-from h3flow.core.contracts import gpu_limit
 from h3flow.core.errors import ConfigError, IntegrityError
 from h3flow.core.files import file_intact
 from h3flow.core.fsutil import atomic_path
 from h3flow.engines import engine_for
 from h3flow.pipeline.deadlines import Deadlines, deadlines
+from h3flow.pipeline.gpu_slot import gpu_slot
 from h3flow.pipeline.params import Budget
 from h3flow.pipeline.results import StageResult, classify
 from h3flow.pipeline.stopping import StopRequested, checkpoint
 from h3flow.pipeline.tasks import keys, stages
-
-GPU_LEASE_S = 60.0  # Prefect's shortest lease: a holder that died frees the slot within about this long
-_in_process: dict[str, threading.Lock] = {}
-_in_process_guard = threading.Lock()
 
 
 def config_path_or_env(config_path: str | None) -> str:
@@ -46,30 +41,6 @@ def config_path_or_env(config_path: str | None) -> str:
     if not path:
         raise ConfigError("no config: pass config_path or set H3FLOW_CONFIG")
     return str(Path(path).resolve())
-
-
-@contextlib.contextmanager
-def gpu_slot(pool: str) -> Iterator[None]:
-    """One clip at a time on a pool's devices: a slot of the pool's global concurrency limit
-    (``h3flow-gpu-<pool>``, limit 1, on Prefect's Concurrency page).
-
-    Prefect hands a busy slot to a waiter by polling (HTTP 423 and a Retry-After of up to the
-    slot's average occupancy): seconds of idle GPU between clips. A pool's clips all run in
-    its worker's process, so they first queue on a lock here and take Prefect's slot only
-    once the previous clip has let it go: the acquire then succeeds on its first call. The
-    limit still holds across processes (a second worker on the pool waits for the slot).
-    """
-    from prefect.concurrency.sync import concurrency
-
-    with _in_process_guard:
-        local = _in_process.setdefault(pool, threading.Lock())
-    with (
-        local,
-        concurrency(
-            gpu_limit(pool), occupy=1, strict=True, lease_duration=GPU_LEASE_S, raise_on_lease_renewal_failure=False
-        ),
-    ):
-        yield
 
 
 class StageFailed(Exception):
