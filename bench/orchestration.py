@@ -106,7 +106,12 @@ def batch_file(folder: Path, scale: Scale, n: int, seed: int) -> Path:
 
 RUNTIME_CODE = {
     "dispatcher": ["h3flow/pipeline/dispatcher.py"],
-    "runner or worker": ["h3flow/pipeline/flows/runner.py", "h3flow/pipeline/worker.py", "h3flow/pipeline/stopping.py"],
+    "runner or worker": [
+        "h3flow/pipeline/flows/runner.py",
+        "h3flow/pipeline/worker.py",
+        "h3flow/pipeline/stopping.py",
+        "h3flow/pipeline/gpu_slot.py",
+    ],
     "orphan handling": ["h3flow/pipeline/orphans.py", "h3flow/pipeline/automations.py"],
     "Prefect adapter": ["h3flow/pipeline/prefect_api.py"],
 }
