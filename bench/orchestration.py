@@ -49,7 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,24 +163,57 @@ class Checkout:
             out[part] = lines
         return out
 
-    def requests(self) -> int:
-        """Requests counted so far, over every process (bench/apicount)."""
-        total = 0
+    def requests(self) -> Requests:
+        """Requests counted so far, over every process (bench/apicount), per endpoint."""
+        total = Requests()
         for path in self.counts.glob("*.json"):
             try:
-                total += int(json.loads(path.read_text())["requests"])
-            except (OSError, ValueError, KeyError):
+                counted = json.loads(path.read_text())
+            except (OSError, ValueError):
                 continue
+            total.n += int(counted.get("requests", 0))
+            for endpoint, row in counted.get("endpoints", {}).items():
+                total.calls[endpoint] += row["n"]
+                total.seconds[endpoint] += row["s"]
+                total.retryable[endpoint] += sum(n for code, n in row["status"].items() if code in ("503", "None"))
         return total
 
 
-def settled_requests(checkout: Checkout) -> int:
-    """The request count once every process has written its latest (each writes every 0.5 s)."""
+@dataclass
+class Requests:
+    """HTTP requests to the Prefect API: how many, per endpoint, their seconds, the retryable answers
+    (503: SQLite's "database is locked"; None: no answer), which Prefect's client waits 2, 4, 8 s on."""
+
+    n: int = 0
+    calls: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+    retryable: Counter[str] = field(default_factory=Counter)
+
+    def __sub__(self, other: Requests) -> Requests:
+        return Requests(
+            self.n - other.n, self.calls - other.calls, self.seconds - other.seconds, self.retryable - other.retryable
+        )
+
+    def top(self, clips: int, count: int = 8) -> list[dict[str, Any]]:
+        """The endpoints with the most calls, per clip."""
+        return [
+            {
+                "endpoint": endpoint,
+                "calls_per_clip": round(n / clips, 1),
+                "seconds_per_clip": round(self.seconds[endpoint] / clips, 2),
+                "retryable": self.retryable[endpoint],
+            }
+            for endpoint, n in self.calls.most_common(count)
+        ]
+
+
+def settled_requests(checkout: Checkout) -> Requests:
+    """The request counts once every process has written its latest (each writes every 0.5 s)."""
     time.sleep(1.2)  # two of the shim's write periods: a reading, not a wait for the run
     return checkout.requests()
 
 
-def run_batch(checkout: Checkout, config: LocalConfig, config_path: Path, path: Path) -> tuple[Manifest, int]:
+def run_batch(checkout: Checkout, config: LocalConfig, config_path: Path, path: Path) -> tuple[Manifest, Requests]:
     """Submit and wait through the CLI; the manifest and the API requests the batch cost."""
     before = settled_requests(checkout)
     run_id = checkout.h3("run", str(path), "--background", "-c", str(config_path)).stdout.strip().splitlines()[-1]
@@ -211,7 +245,7 @@ def spread(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def figures(
-    scale: Scale, config: LocalConfig, calibration: Manifest | None, manifest: Manifest, requests: int
+    scale: Scale, config: LocalConfig, calibration: Manifest | None, manifest: Manifest, requests: Requests
 ) -> dict[str, Any]:
     times: RunTimes = measure(manifest, config)
     ideal_raw, _ = fit(config, [manifest], overheads=False)
@@ -240,7 +274,9 @@ def figures(
         "decoder_start_latency_s_max": latency_max,
         "first_start_s": times.first_start,
         "dispatcher_api_ms_per_clip": round(1000 * (times.api_s_per_clip or 0.0), 1),
-        "api_calls_per_clip": round(requests / len(manifest.clips), 1),
+        "api_calls_per_clip": round(requests.n / len(manifest.clips), 1),
+        "api_retryable_answers": sum(requests.retryable.values()),
+        "api_top_endpoints": requests.top(len(manifest.clips)),
         "sample_s_median": statistics.median(samples) if samples else None,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "run_id": manifest.run_id,

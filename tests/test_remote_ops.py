@@ -265,7 +265,11 @@ def test_remote_specs_run_from_each_hosts_venv_with_its_own_folders(config) -> N
     ]
     root_a = Path(cfg.hosts["host-a"].storage.root)
     server = specs["prefect-server"]
-    assert server.host == "host-a" and server.argv[0] == f"{sys.prefix}/bin/prefect"
+    assert server.host == "host-a" and server.argv[:3] == (
+        f"{sys.prefix}/bin/python",
+        "-m",
+        "h3flow.ops.prefect_server",
+    )
     assert server.env["PREFECT_HOME"] == str(root_a / "prefect-home")
     port = cfg.prefect.api_url.split(":")[2].split("/")[0]
     assert server.env["PREFECT_API_DATABASE_CONNECTION_URL"] == (

@@ -130,7 +130,17 @@ def test_the_embedded_defaults_services_as_data(tmp_path: Path) -> None:
     wd = Path(config.work_dir or "")
     port = int(config.prefect.api_url.split(":")[-1].split("/")[0])
     server = specs["prefect-server"]
-    assert server.argv[1:] == ("server", "start", "--host", "127.0.0.1", "--port", str(port))
+    # Prefect's own `prefect server start`, its SQLite writes begun IMMEDIATE (h3flow.ops.prefect_server)
+    assert server.argv[1:] == (
+        "-m",
+        "h3flow.ops.prefect_server",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    )
     assert "--background" not in server.argv
     assert server.env["PREFECT_HOME"] == str(wd / "prefect")
     assert server.env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"

@@ -53,6 +53,12 @@ SERVER_SETTINGS = {
     "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "5",
 }
 """What the Prefect server h3flow starts is told (docs/services.md)."""
+PREFECT_SERVER_START = ("server", "start")  # Prefect's CLI, run by h3flow.ops.prefect_server
+CLIENT_SETTINGS = {
+    # no OpenTelemetry trace label written on each flow run: one write fewer per run (h3flow exports no traces)
+    "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+}
+"""What h3flow's workers (and the flow runs in them) are told besides the API address."""
 
 
 # --------------------------------------------------------------------------- health checks
@@ -292,7 +298,16 @@ def server_spec(config: LocalConfig, where: Path, host: str | None = None, home:
         name="prefect-server",
         kind="prefect-server",
         host=host,
-        argv=(_venv_bin(config, host, "prefect"), "server", "start", "--host", address, "--port", str(port)),
+        argv=(
+            _venv_bin(config, host, "python"),
+            "-m",
+            "h3flow.ops.prefect_server",
+            *PREFECT_SERVER_START,
+            "--host",
+            address,
+            "--port",
+            str(port),
+        ),
         env=env,
         cwd=str(home),
         log=str(where / "prefect-server.log"),
@@ -368,6 +383,7 @@ def worker_spec(
         "PREFECT_WORKER_HEARTBEAT_SECONDS": str(WORKER_HEARTBEAT_SECONDS),
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
         "PREFECT_WORKER_ENABLE_CANCELLATION": "true",  # Cancelling runs reach the worker (events, else a poll)
+        **CLIENT_SETTINGS,
         "H3FLOW_CONFIG": str(Path(config_path).resolve()),
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
