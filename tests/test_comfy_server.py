@@ -19,6 +19,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from upstream import comfyui_install
 
 from h3flow.cli import app
 from h3flow.core.batch import Clip
-from h3flow.core.errors import H3FlowError
+from h3flow.core.errors import H3FlowError, TransientError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_file
 from h3flow.core.paths import NODE_PACK_DIR
@@ -193,8 +194,11 @@ class H3TestGate:
         return float("nan")
 
     def wait(self, conditioning, gate):
+        import comfy.model_management
+
         deadline = time.monotonic() + 120
         while not os.path.exists(gate):
+            comfy.model_management.throw_exception_if_processing_interrupted()  # as a sampler's step loop does
             if time.monotonic() > deadline:
                 raise RuntimeError("gate never opened")
             time.sleep(0.05)
@@ -596,15 +600,55 @@ def test_example_workflows_are_listed_and_the_reference_ones_run(server: ComfySe
         ), left
 
 
-def test_restart_mid_run_is_survived_by_retry(server: ComfyServer, pipeline: dict[str, Any], work: Path) -> None:
-    """ComfyUI dies while the sample stage runs; the engine resubmits once it is back."""
-    templates = work / "templates"
+def _gated_templates(work: Path, name: str) -> tuple[Path, Path]:
+    """The reference templates with a gate before sampling: the prompt waits until the gate file exists."""
+    templates = work / name
     shutil.copytree(WORKFLOWS_DIR, templates)
-    gate = work / "gate-open"
+    gate = work / f"{name}-gate-open"
     sample = json.loads((templates / "ref-sample.json").read_text())
     sample["9"] = {"class_type": "H3TestGate", "inputs": {"conditioning": ["1", 0], "gate": str(gate)}}
     sample["2"]["inputs"]["conditioning"] = ["9", 0]
     (templates / "ref-sample.json").write_text(json.dumps(sample))
+    return templates, gate
+
+
+class Stopped(BaseException):
+    """What Prefect raises in a stage's thread when its task timeout passes or its run is cancelled."""
+
+
+@pytest.mark.parametrize("why", ["its own time limit", "stopped from outside"])
+def test_a_prompt_nobody_waits_for_is_taken_off_comfyui(
+    server: ComfyServer, pipeline: dict[str, Any], work: Path, why: str
+) -> None:
+    templates, _gate = _gated_templates(work, f"abandon-{len(why)}")  # the gate never opens
+    submitted: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("type") == "executing" and event.get("node") == "9":
+            submitted.append(str(event.get("prompt_id")))
+            if why == "stopped from outside":
+                raise Stopped("the stage's deadline passed")
+
+    engine = ComfyEngine(server.url, templates_dir=templates, on_event=on_event, retries=0, timeout=4)
+    with pytest.raises(Stopped if why == "stopped from outside" else TransientError):
+        engine.sample(pipeline["clip"], pipeline["cond"], work / "abandoned" / "c01.h3latent")
+    assert submitted, "the prompt reached the gate"
+    pid = submitted[0]
+    deadline = time.monotonic() + 60
+    entry = None
+    while time.monotonic() < deadline and entry is None:  # ComfyUI notices at the node's next step
+        entry = httpx.get(f"{server.url}/history/{pid}", timeout=10).json().get(pid)
+        time.sleep(0 if entry else 0.1)  # a poll of ComfyUI's record, not a wait standing in for one
+    assert entry is not None, "ComfyUI still runs the prompt nobody waits for"
+    kinds = [kind for kind, _data in entry["status"]["messages"]]
+    assert "execution_interrupted" in kinds and entry["status"]["status_str"] == "error", entry["status"]
+    queue = httpx.get(f"{server.url}/queue", timeout=10).json()
+    assert queue["queue_running"] == [] and queue["queue_pending"] == [], queue
+
+
+def test_restart_mid_run_is_survived_by_retry(server: ComfyServer, pipeline: dict[str, Any], work: Path) -> None:
+    """ComfyUI dies while the sample stage runs; the engine resubmits once it is back."""
+    templates, gate = _gated_templates(work, "templates")
 
     reached = threading.Event()
     restarted = threading.Event()

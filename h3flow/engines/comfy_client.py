@@ -220,15 +220,33 @@ class ComfyClient:
             pid = self.submit(prompt, prompt_id=prompt_id)
             try:
                 self._follow(ws, pid, deadline, events, on_event)
-            except (ConnectionClosed, OSError) as exc:
-                raise TransientError(
-                    f"ComfyUI at {self.base_url}: connection lost while running prompt {pid}: {exc}"
-                ) from exc
-            except TimeoutError:
-                raise TransientError(
-                    f"ComfyUI at {self.base_url}: prompt {pid} did not finish within {limit:.0f} s"
-                ) from None
+            except H3FlowError:
+                raise  # the prompt itself ended: an error, an interrupt
+            except BaseException as exc:
+                # Nobody waits for this prompt any more (its own time limit, a lost connection, or the
+                # stage stopped from outside: Prefect's task timeout and a cancel arrive as exceptions
+                # raised in this thread). ComfyUI must not go on computing it for nobody, holding
+                # the GPUs from the next prompt.
+                self.cancel(pid)
+                if isinstance(exc, (ConnectionClosed, OSError)):
+                    raise TransientError(
+                        f"ComfyUI at {self.base_url}: connection lost while running prompt {pid}: {exc}"
+                    ) from exc
+                if isinstance(exc, TimeoutError):
+                    raise TransientError(
+                        f"ComfyUI at {self.base_url}: prompt {pid} did not finish within {limit:.0f} s"
+                    ) from None
+                raise
         return RunResult(pid, self._finished_history(pid, deadline), events)
+
+    def cancel(self, pid: str) -> None:
+        """Take prompt ``pid`` off ComfyUI's queue, or interrupt it if it is running (ComfyUI checks
+        between sampler steps). Best effort: a ComfyUI that went away has dropped it anyway."""
+        for path, body in (("/queue", {"delete": [pid]}), ("/interrupt", {"prompt_id": pid})):
+            try:
+                self._http.post(path, json=body, timeout=5.0)
+            except httpx.HTTPError:
+                return
 
     def _follow(
         self, ws: ClientConnection, pid: str, deadline: float, events: list[Event], on_event: EventHandler | None
