@@ -5,7 +5,8 @@ folder on ``PYTHONPATH`` for everything it starts (the CLI, the workers, their f
 and names a folder in ``H3FLOW_BENCH_COUNT_DIR``. Each process then counts the requests
 its httpx clients send (Prefect's client is httpx), per endpoint (method and path, ids
 blanked) with the answers' status codes and the seconds they took, and writes
-``<pid>.json`` there every half second and at exit. Version-independent: it measures any h3flow checkout the same way.
+``<pid>.json`` there every half second and at exit. Version-independent: it measures any
+h3flow checkout the same way.
 """
 
 import os
@@ -71,7 +72,6 @@ if _DIR:
         httpx.AsyncClient.send = asend  # type: ignore[method-assign]
 
     def _flusher() -> None:
-
         while True:
             time.sleep(0.5)  # a writer's period
             _flush()

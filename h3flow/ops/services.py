@@ -53,7 +53,6 @@ SERVER_SETTINGS = {
     "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "5",
 }
 """What the Prefect server h3flow starts is told (docs/services.md)."""
-PREFECT_SERVER_START = ("server", "start")  # Prefect's CLI, run by h3flow.ops.prefect_server
 CLIENT_SETTINGS = {
     # no OpenTelemetry trace label written on each flow run: one write fewer per run (h3flow exports no traces)
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
@@ -291,6 +290,7 @@ def server_spec(config: LocalConfig, where: Path, host: str | None = None, home:
         **SERVER_SETTINGS,
     }
     secrets = auth_env(config, "PREFECT_SERVER_API_AUTH_STRING")
+    launcher = ("-m", "h3flow.ops.prefect_server")  # Prefect's own CLI, its SQLite writes begun IMMEDIATE
     db = config.prefect.database
     if db is not None and db.kind == "postgresql" and db.password is not None:
         secrets["PREFECT_API_DATABASE_PASSWORD"] = secret_ref(db.password)
@@ -298,16 +298,7 @@ def server_spec(config: LocalConfig, where: Path, host: str | None = None, home:
         name="prefect-server",
         kind="prefect-server",
         host=host,
-        argv=(
-            _venv_bin(config, host, "python"),
-            "-m",
-            "h3flow.ops.prefect_server",
-            *PREFECT_SERVER_START,
-            "--host",
-            address,
-            "--port",
-            str(port),
-        ),
+        argv=(_venv_bin(config, host, "python"), *launcher, "server", "start", "--host", address, "--port", str(port)),
         env=env,
         cwd=str(home),
         log=str(where / "prefect-server.log"),
