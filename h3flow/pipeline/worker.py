@@ -137,7 +137,19 @@ class H3flowWorker(BaseWorker[BaseJobConfiguration, BaseVariables, H3flowWorkerR
             await self._mark_flow_run_as_cancelled(
                 flow_run, state_updates={"message": "cancelled: it ended before it could stop at a stage boundary"}
             )
+        if self._runs_task_group is not None:  # the pool's next clip is likely queued already: claim it now
+            self._runs_task_group.start_soon(self._ask_for_work)
         return H3flowWorkerResult(identifier=f"{os.getpid()}:{run_id}", status_code=0 if final != "CRASHED" else 1)
+
+    async def _ask_for_work(self) -> None:
+        """Poll the pool once, now, as the worker's loop does every PREFECT_WORKER_QUERY_SECONDS (Prefect's
+        own claim: a run already being submitted is skipped). Without it, a pool whose clips take less
+        than a poll period can idle up to a period between them (the demo batch: pool gap median 0.34-0.43 s
+        before, 0.03 s after; bench/orchestration.py)."""
+        try:
+            await self.get_and_submit_flow_runs()
+        except Exception as exc:  # noqa: BLE001 - the loop's next poll tries again
+            self._logger.debug("asking for work after a run failed: %s", exc)
 
     async def _flow_name(self, flow_run: FlowRun) -> str:
         key = str(flow_run.flow_id)
