@@ -72,13 +72,17 @@ def test_status_names_a_clip_in_flight_longer_than_expected(production: LocalCon
     assert slow_clips(manifest, production, now) == [], "a run that is over has nothing in flight"
 
 
+STRICT = {"H3FLOW_DEADLINE_FLOOR_S": "3", "H3FLOW_DEADLINE_MARGIN": "1.01"}
+"""The strict cluster's deadline settings, which the test also computes its clip's deadline with."""
+
+
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A cluster whose workers give every stage its expected time (the reference model's CPU profile) x 1.01,
     at least 3 s: a 10 s HD clip's 100-step sample (29 s on a 2-core machine against 9.6 s expected) overruns.
     (A 2 s 24-step clip, 3.3 s here against a 3 s floor, once finished in time on a faster CI machine.)"""
-    saved = {k: os.environ.get(k) for k in ("H3FLOW_DEADLINE_FLOOR_S", "H3FLOW_DEADLINE_MARGIN")}
-    os.environ.update(H3FLOW_DEADLINE_FLOOR_S="3", H3FLOW_DEADLINE_MARGIN="1.01")
+    saved = {k: os.environ.get(k) for k in STRICT}
+    os.environ.update(STRICT)
     try:
         c = make_cluster(tmp_path_factory.mktemp("deadlines"))
         c.start()  # the workers take these settings with them
@@ -108,8 +112,8 @@ def test_a_stage_past_its_deadline_is_stopped_failed_as_timeout_and_sent_again(
     assert manifest.clips["short"].state == "delivered"
     long = manifest.clips["long"]
     assert long.state == "failed" and long.failure is FailureKind.BUDGET and long.attempts == 4, long
-    monkeypatch.setenv("H3FLOW_DEADLINE_FLOOR_S", "3")
-    monkeypatch.setenv("H3FLOW_DEADLINE_MARGIN", "1.01")
+    for key, value in STRICT.items():
+        monkeypatch.setenv(key, value)
     limit = deadlines(strict.config, long.clip, long.pool or "", "b").of("sample")
     assert 3 <= limit < 20 and f"timeout: Scope timed out after {limit:g} second" in (long.error or ""), long.error
     assert strict.invocations("sample", "long") == 4, "each try really started, and was stopped"
