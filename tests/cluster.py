@@ -77,6 +77,14 @@ class Cluster:
 
         stop_services(self.config, self.config_path, console=quiet)
 
+    def rebuild(self) -> None:
+        """Stop this cluster and start a new one (new work dir, database and ports) in its place: after a
+        hang, the cases that share a module's cluster start clean instead of queueing behind it."""
+        self.stop()
+        fresh = make_cluster(self.workdir.parent / f"{self.workdir.name}-rebuilt")
+        self.workdir, self.config_path = fresh.workdir, fresh.config_path
+        self.start()
+
     def h3(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """The real CLI against this cluster."""
         env = {**os.environ, **self.env(), "COLUMNS": "200"}
@@ -90,11 +98,16 @@ class Cluster:
         assert res.returncode == 0, res.stdout + res.stderr
         return res.stdout.strip().splitlines()[-1]
 
-    def diagnosis(self, run_id: str) -> str:
+    def diagnosis(self, run_id: str, lines: int = 15) -> str:
         """What a failed fault test prints: the run's status, the batch run's log and each service's last lines."""
-        parts = [self.h3("status", run_id).stdout, self.h3("logs", run_id).stdout]
+        parts = []
+        for command in ("status", "logs"):
+            try:
+                parts.append(self.h3(command, run_id, timeout=60).stdout)
+            except subprocess.TimeoutExpired:
+                parts.append(f"(h3flow {command} timed out)")
         for log in sorted((self.workdir / "services").glob("*.log")):
-            parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+            parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(parts)
 
     def journal(self, host: str) -> list[dict]:

@@ -37,7 +37,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def h3(cluster: Cluster, *args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess[str]:
-    return cluster.h3(*args, timeout=timeout)
+    """The CLI against the module's cluster. A command past its bound is a hang: it fails this case with
+    the cluster's diagnosis, and the cluster is rebuilt so the cases after it do not queue behind it."""
+    try:
+        return cluster.h3(*args, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        why = f"h3flow {' '.join(args)} hung past {timeout:g} s\n" + cluster.diagnosis(
+            args[1] if len(args) > 1 else "", lines=60
+        )
+        cluster.rebuild()
+        raise AssertionError(why) from None
 
 
 def submit(cluster: Cluster, batch: Path) -> str:
