@@ -227,3 +227,68 @@ def test_a_pool_whose_worker_stops_is_not_ready_then_ready_again(cluster: Cluste
     wait_until(lambda: status() == "NOT_READY", 60, "pool h3-a1 to be NOT_READY", every=1)
     cluster.start()
     wait_until(lambda: status() == "READY", 60, "pool h3-a1 to be READY again", every=1)
+
+
+def test_a_run_whose_engine_lost_the_api_is_started_again_or_crashed_once_the_api_is_back(
+    cluster: Cluster, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Prefect server goes away as a worker's engine starts a run it has claimed (Pending), and
+    as another run it executes ends (Running). The events that would time the silence automations
+    can go with the server, so nobody else will act on either: once the API is back, the worker
+    starts the first again itself and marks the second Crashed, so its clip is sent again (before:
+    both were left as they were; a multi-host batch waited on two Pending runs until `wait` gave up)."""
+    import threading
+
+    from prefect import flow
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.states import Pending
+
+    from h3flow.pipeline.worker import execute
+
+    inside, let_end, started_bodies = threading.Event(), threading.Event(), []
+
+    def claimed_body() -> None:
+        started_bodies.append("claimed")
+
+    def running_body() -> None:
+        inside.set()
+        let_end.wait(60)
+
+    claimed_flow = flow(name="probe-claimed")(claimed_body)
+    running_flow = flow(name="probe-running")(running_body)
+    claimed = client.create_flow_run(claimed_flow, name="probe: claimed, not started", state=Pending())
+    running = client.create_flow_run(running_flow, name="probe: running as the API goes")
+    claimed, running = client.read_flow_run(claimed.id), client.read_flow_run(running.id)  # as a worker has them
+    outcome: dict[str, str] = {}
+
+    def worker_thread(name: str, body: Any, run: Any) -> None:
+        with prefect_api(cluster.config), temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
+            outcome[name] = execute(body, run)
+
+    threads = [threading.Thread(target=worker_thread, args=("running", running_flow, running))]
+    try:
+        threads[0].start()
+        assert inside.wait(60), "the running probe never started"
+        os.kill(cluster.pidfile_pid("prefect-server"), signal.SIGKILL)
+        threads.append(threading.Thread(target=worker_thread, args=("claimed", claimed_flow, claimed)))
+        threads[1].start()
+        let_end.set()
+        wait_until(  # both engines failed on the API (a worker that gives up on them ends its threads)
+            lambda: len(lost_api(caplog)) == 2 or not any(t.is_alive() for t in threads),
+            120,
+            "both engines to lose the API",
+        )
+    finally:
+        let_end.set()
+        cluster.start()  # the server back (same database), as an operator's `start` brings it
+        for thread in threads:
+            thread.join(300)
+    assert outcome == {"running": "CRASHED", "claimed": "COMPLETED"}, outcome
+    assert started_bodies == ["claimed"], "the claimed run started once, here, once the API was back"
+    assert client.read_flow_run(claimed.id).state.type.value == "COMPLETED"
+    crashed = client.read_flow_run(running.id).state
+    assert crashed.type.value == "CRASHED" and "lost Prefect's API while it ran" in (crashed.message or ""), crashed
+
+
+def lost_api(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "lost Prefect's API" in r.getMessage()]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,6 +35,7 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 
 from h3flow.core.contracts import WORKER_TYPE
 from h3flow.pipeline import stopping
+from h3flow.pipeline.prefect_api import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+MAX_STARTS = 3
+"""Starts of one claimed flow run whose engine lost the API before it began; after that it is Crashed."""
+LOST_API_WAIT_S = 1800.0
+"""How long a flow run whose engine lost Prefect's API waits for the API to be back before it is left as is."""
 
 
 class H3flowWorkerResult(BaseWorkerResult):
@@ -75,25 +81,78 @@ def warm_up() -> None:
 def execute(flow: Flow[..., Any], flow_run: FlowRun) -> str:
     """Run one flow run here, with Prefect's engine; returns its final state's type.
 
-    Nothing a flow run raises may reach the worker (its other runs share the process): an
+    Nothing a flow run raises may reach the worker (its other runs share the process). An
     end the server refused (the run was over already: crashed by the silence automation
-    while it was stalled) or could not hear is logged; Prefect's record stands, and a run
-    left Running falls silent and is marked Crashed.
+    while it was stalled) is logged and Prefect's record stands. An engine that lost
+    Prefect's API — it could not start the run it was given, or not report its end — is
+    followed by :func:`settle` once the API answers again: a claim that never started is
+    started again here, a run that did start is marked Crashed (its clip is sent again).
+    The silence automations cannot be relied on for these: the events that would time
+    them can be lost with the server that went away.
     """
     from prefect.exceptions import Abort
     from prefect.flow_engine import run_flow
 
+    run_id = str(flow_run.id)
     try:
-        state = run_flow(flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
-    except Abort as exc:
-        log.warning("flow run %s: the server kept its own end of it (%s)", flow_run.id, exc)
-        return "ABORTED"
-    except Exception:
-        log.exception("flow run %s: its engine could not report its end to Prefect", flow_run.id)
-        return "UNREPORTED"
+        for start in range(1, MAX_STARTS + 1):
+            try:
+                state = run_flow(flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+            except Abort as exc:
+                log.warning("flow run %s: the server kept its own end of it (%s)", run_id, exc)
+                return "ABORTED"
+            except Exception as exc:  # noqa: BLE001 - the API went away under the engine (any error: settled below)
+                log.warning(
+                    "flow run %s: its engine lost Prefect's API (%s); settling it once the API answers", run_id, exc
+                )
+                settled = settle(run_id, start_again=start < MAX_STARTS)
+                if settled != "START AGAIN":
+                    return settled
+                log.warning("flow run %s: it never started; starting it again (start %d)", run_id, start + 1)
+                continue
+            return state.type.value if isinstance(state, State) else "COMPLETED"
+        return "UNREPORTED"  # not reached: the last start is never started again
     finally:
-        stopping.forget(str(flow_run.id))
-    return state.type.value if isinstance(state, State) else "COMPLETED"
+        stopping.forget(run_id)
+
+
+def settle(flow_run_id: str, start_again: bool) -> str:
+    """After its engine lost the API: wait for Prefect (up to :data:`LOST_API_WAIT_S`), then go by its record.
+
+    Pending (this worker's claim went through, the start did not): ``"START AGAIN"``, or
+    Crashed when ``start_again`` is false or the worker is stopping. Running or Cancelling
+    (it started here; its engine is gone): Crashed. Scheduled (the claim did not go through):
+    left to the queue. Over: its state. Returns the state type it leaves the run in.
+    """
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    deadline, pause = time.monotonic() + LOST_API_WAIT_S, 1.0
+    while True:
+        try:
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(UUID(flow_run_id))
+                kind = run.state.type.value if run.state is not None else "SCHEDULED"
+                if kind in ("SCHEDULED", *TERMINAL_STATES):
+                    return kind
+                if kind == "PENDING" and start_again and stopping.stop_reason(flow_run_id) is None:
+                    return "START AGAIN"
+                why = "its engine lost Prefect's API " + ("before it started" if kind == "PENDING" else "while it ran")
+                client.set_flow_run_state(run.id, Crashed(message=f"{why}: its worker marked it Crashed"))
+                return "CRASHED"
+        except Exception as exc:  # noqa: BLE001 - the API is still away: wait for it
+            if time.monotonic() > deadline:
+                log.error(
+                    "flow run %s: Prefect's API did not answer for %g s; its record stands",
+                    flow_run_id,
+                    LOST_API_WAIT_S,
+                )
+                return "UNREPORTED"
+            log.debug("flow run %s: waiting for Prefect's API (%s)", flow_run_id, exc)
+            time.sleep(pause)
+            pause = min(2 * pause, 15.0)
 
 
 class H3flowWorker(BaseWorker[BaseJobConfiguration, BaseVariables, H3flowWorkerResult]):
