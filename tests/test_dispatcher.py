@@ -313,6 +313,37 @@ def test_no_sampler_left_with_clips_waiting_fails_the_run(config: LocalConfig, m
     assert not [r for r in api.of("sample") if r.state == "SCHEDULED"], "what never started is withdrawn"
 
 
+def test_a_claim_left_pending_for_good_is_withdrawn_and_routed_again(
+    config: LocalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's claim whose answer it never heard, with the claim's event lost with the server:
+    the run stays Pending and Prefect's automation never marks it. Past the silence window and a
+    heartbeat the dispatcher withdraws it and routes the clip again; it never ran, so not a try."""
+    monkeypatch.setenv("H3FLOW_SILENCE_S", "40")
+    api = FakePrefect()
+    original = api.advance
+    lost: list[str] = []
+
+    def advance() -> None:
+        original()
+        for run in api.of("sample", "c0"):  # the first claim of c0: Pending, and nobody will start it
+            if run.state == "RUNNING" and not lost:
+                run.state, run.started = "PENDING", None
+                lost.append(run.id)
+
+    api.advance = advance  # type: ignore[method-assign]
+    logged: list[str] = []
+    result = Dispatcher(config, "/cfg", batch(4), api, Saved(), log=logged.append).run()
+    assert result.state == "completed" and len(result.delivered) == 4
+    assert [run_id for run_id, _ in api.withdrawn] == lost
+    assert "not started for 70 s" in api.withdrawn[0][1], api.withdrawn
+    again = [r for r in api.of("sample", "c0") if r.id not in lost]
+    assert len(again) == 1 and again[0].state == "COMPLETED"
+    assert again[0].submitted - api.runs[lost[0]].submitted == pytest.approx(70.0, abs=4 * POLL)
+    assert result.clips["c0"].attempts == 1, "the withdrawn claim never ran: not a try"
+    assert any("c0: withdrawn" in line for line in logged)
+
+
 # --------------------------------------------------------------------------- failures and retries
 def test_a_latent_damaged_on_the_decoder_is_sent_again_not_decoded(config: LocalConfig) -> None:
     api = FakePrefect()

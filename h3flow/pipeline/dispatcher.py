@@ -40,6 +40,7 @@ from h3flow.config.settings import settings
 from h3flow.core.batch import Clip
 from h3flow.core.contracts import AHEAD, CLIP_TAG, MAX_SUBMISSIONS, pool_tag, run_tag
 from h3flow.core.errors import H3FlowError
+from h3flow.pipeline.automations import HEARTBEAT_S
 from h3flow.pipeline.lifecycle import ClipState, move
 from h3flow.pipeline.manifest import ClipRecord, Manifest
 from h3flow.pipeline.params import Budget
@@ -82,6 +83,7 @@ class Child:
     clip_id: str
     pool: str
     submitted: float
+    claimed_seen: float | None = None  # when a pass first saw it Pending (claimed, not started)
 
 
 @dataclass
@@ -189,6 +191,7 @@ class Dispatcher:
         self.slots: dict[str, int] = {}  # pool -> clips it may hold (its queue's concurrency limit)
         self.pools_lost_since: float | None = None
         self.pools_checked: float | None = None
+        self.withdrawals: dict[str, int] = {}  # clip -> its children withdrawn (they never ran: not tries)
 
     # ------------------------------------------------------------------ bookkeeping
     def timed(self, call: Callable[..., Any], *args: Any) -> Any:
@@ -276,6 +279,7 @@ class Dispatcher:
             if self.stopping(states):
                 return True
             changed = self.collect(states)
+            changed |= self.withdraw_stuck_claims(states)
             changed |= self.check_pools(states)
             changed |= self.submit_decodes()
             changed |= self.submit_samples()
@@ -292,6 +296,8 @@ class Dispatcher:
         if self.api_down_since is not None:
             self.log(f"Prefect API back: it had not answered for {self.api_answered - self.api_down_since:.0f} s")
             self.api_down_since = None
+            for child in self.children.values():  # its worker may be starting it now that the API is back
+                child.claimed_seen = None
         return not self.children and all(c.state in ("delivered", "failed") for c in self.manifest.clips.values())
 
     def take_better_plan(self) -> None:
@@ -406,9 +412,16 @@ class Dispatcher:
             "retransfer": rec.retransfer,
             "budget": self.budget(rec, SAMPLE_STAGES).model_dump(),
         }
-        key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-s{rec.attempts + 1}-{pool}"  # per call
+        key = self.child_key(rec, f"s{rec.attempts + 1}", pool)
         name = child_name(self.manifest.run_id, rec.clip.id, "sample", pool)
         return Submission(f"sample-clip/{pool}", params, key, name, self.tags(pool))
+
+    def child_key(self, rec: ClipRecord, attempt: str, pool: str) -> str:
+        """A child's idempotency key: one per call (the same call sent again after a lost answer gets the
+        run Prefect may already have made; any other call, a new run). A withdrawn child does not count
+        as an attempt, so the key counts withdrawals too: a clip withdrawn from a pool may go back to it."""
+        withdrawn = self.withdrawals.get(rec.clip.id, 0)
+        return f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-{attempt}{f'w{withdrawn}' if withdrawn else ''}-{pool}"
 
     def pick_decoder(self) -> str:
         """The live decoder with the fewest clips headed its way (sampling, sampled or decoding):
@@ -436,7 +449,7 @@ class Dispatcher:
                 "config_path": self.config_path,
                 "budget": self.budget(rec, DECODE_STAGES).model_dump(),
             }
-            key = f"{self.manifest.run_id}-{rec.clip.id}-{self.incarnation}-d{rec.decode_attempts + 1}-{decoder}"
+            key = self.child_key(rec, f"d{rec.decode_attempts + 1}", decoder)
             name = child_name(self.manifest.run_id, rec.clip.id, "decode", decoder)
             submission = Submission(f"decode-clip/{decoder}", params, key, name, self.tags(decoder))
             run_id = str(self.timed(self.api.submit, submission))  # a lost answer: the next pass sends this same call
@@ -570,20 +583,42 @@ class Dispatcher:
         first: a call that fails leaves the rest for the next check)."""
         changed = False
         for run_id, child in list(self.children.items()):
-            if child.pool != pool or states.get(run_id, ("", None))[0] not in NOT_STARTED:
-                continue
-            self.api.withdraw(run_id, f"withdrawn: pool {pool} has no worker online; the clip is routed again")
-            del self.children[run_id]
-            rec = self.manifest.clips[child.clip_id]
-            if child.kind == "sample":
-                rec.attempts -= 1  # it never ran: not a try
-                self.move(rec, "pending")
-            else:
-                rec.decode_attempts -= 1
-                self.move(rec, "sampled")
-            self.log(f"{rec.clip.id}: withdrawn from pool {pool} before it started")
-            changed = True
+            if child.pool == pool and states.get(run_id, ("", None))[0] in NOT_STARTED:
+                self.withdraw(child, f"pool {pool} has no worker online")
+                changed = True
         return changed
+
+    def withdraw_stuck_claims(self, states: dict[str, RunState]) -> bool:
+        """Withdraw a child that stays claimed (Pending) and unstarted past the silence window and a
+        heartbeat. Prefect's automation for it (``NEVER_STARTED``) normally acts first; it misses a
+        claim when the server went away with the claim's event (test_multihost: a server and database
+        restart left two claims Pending for good). An h3flow worker starts a run within a second of
+        claiming it, so one Pending this long is a claim whose worker never heard the answer."""
+        now, window = self.api.now(), settings().silence_s + HEARTBEAT_S
+        changed = False
+        for run_id, child in list(self.children.items()):
+            if states.get(run_id, ("", None))[0] != "PENDING":
+                child.claimed_seen = None
+            elif child.claimed_seen is None:
+                child.claimed_seen = now
+            elif now - child.claimed_seen > window:
+                self.withdraw(child, f"claimed by a worker of pool {child.pool} and not started for {window:.0f} s")
+                changed = True
+        return changed
+
+    def withdraw(self, child: Child, why: str) -> None:
+        """Cancel an unstarted child and route its clip again; it was not a try (the call first)."""
+        self.api.withdraw(child.flow_run_id, f"withdrawn: {why}; the clip is routed again")
+        del self.children[child.flow_run_id]
+        rec = self.manifest.clips[child.clip_id]
+        self.withdrawals[rec.clip.id] = self.withdrawals.get(rec.clip.id, 0) + 1
+        if child.kind == "sample":
+            rec.attempts -= 1
+            self.move(rec, "pending")
+        else:
+            rec.decode_attempts -= 1
+            self.move(rec, "sampled")
+        self.log(f"{rec.clip.id}: withdrawn from pool {child.pool} before it started ({why})")
 
     def no_pool_left(self) -> bool:
         """True once no decoder — or, with clips still to sample, no sampler — has been ready for decoder_gone_s."""
