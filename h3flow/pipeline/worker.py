@@ -94,8 +94,9 @@ def execute(flow: Flow[..., Any], flow_run: FlowRun) -> str:
     from prefect.flow_engine import run_flow
 
     run_id = str(flow_run.id)
+    starts = 1
     try:
-        for start in range(1, MAX_STARTS + 1):
+        while True:
             try:
                 state = run_flow(flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
             except Abort as exc:
@@ -105,13 +106,13 @@ def execute(flow: Flow[..., Any], flow_run: FlowRun) -> str:
                 log.warning(
                     "flow run %s: its engine lost Prefect's API (%s); settling it once the API answers", run_id, exc
                 )
-                settled = settle(run_id, start_again=start < MAX_STARTS)
+                settled = settle(run_id, start_again=starts < MAX_STARTS)
                 if settled != "START AGAIN":
                     return settled
-                log.warning("flow run %s: it never started; starting it again (start %d)", run_id, start + 1)
+                starts += 1
+                log.warning("flow run %s: it never started; starting it again (start %d)", run_id, starts)
                 continue
             return state.type.value if isinstance(state, State) else "COMPLETED"
-        return "UNREPORTED"  # not reached: the last start is never started again
     finally:
         stopping.forget(run_id)
 
