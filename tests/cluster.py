@@ -110,6 +110,31 @@ class Cluster:
             parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(parts)
 
+    def dispatcher_record(self, run_id: str) -> str:
+        """What Prefect holds on a run's dispatchers: each one's state and the events about it (heartbeats,
+        states, the automations' triggers and actions), for a test that waits on the silence automation."""
+        from prefect.client.orchestration import get_client
+        from prefect.events.filters import EventAnyResourceFilter, EventFilter
+
+        from h3flow.pipeline.prefect_api import PrefectApi, prefect_api
+
+        lines = []
+        with prefect_api(self.config):
+            api = PrefectApi()
+            try:
+                runs = api.batch_runs(run_id)
+            finally:
+                api.close()
+            with get_client(sync_client=True) as client:
+                for run in runs:
+                    state = run.state_type.value if run.state_type else "PENDING"
+                    lines.append(f"dispatcher {run.id}: {state} {run.state.message if run.state else ''}")
+                    page = client.read_events(
+                        EventFilter(any_resource=EventAnyResourceFilter(id=[f"prefect.flow-run.{run.id}"])), limit=50
+                    )
+                    lines += [f"  {e.occurred:%H:%M:%S.%f} {e.event} {e.resource.id}" for e in page.events]
+        return "\n".join(lines)
+
     def journal(self, host: str) -> list[dict]:
         path = Path(self.config.hosts[host].storage.root) / "journal.jsonl"
         if not path.exists():

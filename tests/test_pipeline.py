@@ -146,11 +146,16 @@ def test_a_killed_dispatcher_is_resumed_without_redoing_finished_stages(cluster:
         tries.append(h3(cluster, "resume", run_id))
         return "still running" not in tries[-1].stderr
 
-    wait_until(resumed, DISPATCHER_SILENCE_S + 60, "resume to take over from the dead dispatcher", every=1)
+    try:
+        wait_until(resumed, DISPATCHER_SILENCE_S + 60, "resume to take over from the dead dispatcher", every=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{tries[-1].stderr}\n{cluster.dispatcher_record(run_id)}") from None
     res = tries[-1]
     assert res.returncode == 0, res.stdout + res.stderr
     assert all(r.returncode == 2 for r in tries[:-1])
     assert "delivered (verified)" in res.stdout
+    record = cluster.dispatcher_record(run_id)
+    assert "CRASHED it sent no heartbeat" in record and "prefect.flow-run.Crashed" in record, record
     manifest = load_manifest(runs, run_id)
     assert manifest.state == "completed" and len(manifest.delivered) == 4
     for clip in manifest.clips:

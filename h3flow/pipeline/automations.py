@@ -120,10 +120,11 @@ def ensure_silence_automations() -> list[str]:
     return ids
 
 
-def _spec(automation: Any) -> str:
-    """What an automation does, without the ids the server gives it."""
-    import json
-
-    fields = automation.model_dump(mode="json", include={"name", "description", "enabled", "trigger", "actions"})
+def _spec(automation: Any) -> dict[str, Any]:
+    """What an automation does, without the ids the server gives it, as values: a trigger's event
+    sets stay sets. (As JSON they were lists in each process's set order, which the server's and
+    the client's string hashing decide: for some pairs of hash seeds every ``start`` updated the
+    automations, and a dispatcher killed before it was never marked Crashed.)"""
+    fields: dict[str, Any] = automation.model_dump(include={"name", "description", "enabled", "trigger", "actions"})
     fields["trigger"].pop("id", None)
-    return json.dumps(fields, sort_keys=True)
+    return fields
