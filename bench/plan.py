@@ -11,11 +11,13 @@
      schedule is shorter, so 1.0000 is optimal;
    - plan ÷ a plain local search — simulated annealing written apart from the planner
      (``tests/planner_reference.py``: its own timing code, none of the planner's search),
-     given ``--ls`` seconds on that topology, checked by ``validate``;
+     on that topology alone, checked by ``validate``: given the plan's whole budget (2 s,
+     the equal-time comparison) and given ``--ls`` seconds (10: five times the budget);
    - the pay-off size the plan states (on its best schedules, and proven) against the one
      the best schedules give when every scanned size near it is searched for 1 s more.
 
-   Goals (issue 25): plan ≤ 1.005 × bound and ≤ the plain local search on every batch.
+   Goals (issue 25): plan ≤ 1.005 × bound and ≤ the plain local search on every batch
+   (judged at equal time and at five times the time).
 2. Wall time of the real ``h3flow plan`` command (a subprocess, start-up included), with
    the load average before and after: 50 mixed clips (named topologies and
    ``--topology search``) and 1000 mixed clips with ``--json``. Goal: ≤ 3 s at load ≤ 2.
@@ -44,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from h3flow.cli.plan import run_plan
 from h3flow.config.models import load_host_map
 from h3flow.planner import PlanClip, Planner, load_profile, validate
-from h3flow.planner.best import Search
+from h3flow.planner.best import DEFAULT_TIME_LIMIT, Search
 from h3flow.planner.payoff import resized
 from h3flow.planner.search import build
 from tests.planner_reference import plain_local_search
@@ -122,9 +124,10 @@ def section_quality(batches: int, ls: float, payoff_seconds: float) -> None:
     print(f"   {load()}")
     print(
         f"   {'batch':>12s} {'recommended':>22s} {'plan s':>9s} {'bound s':>9s} {'plan/bound':>10s} "
-        f"{'LS s':>9s} {'plan/LS':>8s}  pays from (found/proven; best)"
+        f"{'LS s':>9s} {'plan/LS':>8s} {f'LS {ls:g}s':>9s} {'plan/LS':>8s}  pays from (found/proven; best)"
     )
-    ratios, vs_ls = [], []
+    ratios: list[tuple[float, str]] = []
+    vs_ls: dict[float, list[tuple[float, str]]] = {DEFAULT_TIME_LIMIT: [], ls: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(batches):
             n = BATCH_SIZES[i % len(BATCH_SIZES)]
@@ -134,12 +137,15 @@ def section_quality(batches: int, ls: float, payoff_seconds: float) -> None:
             name = data["recommendation"]["topology"]
             row = next(r for r in data["topologies"] if r["topology"] == name)
             planner = Planner(profile, build(hm, name, profile).resources)
-            reference = plain_local_search(planner, clips, seconds=ls, seed=seed)
-            assert validate(reference, planner, clips) == []
             ratio = row["makespan_s"] / row["proven_bound_s"]
-            versus = row["makespan_s"] / reference.makespan
             ratios.append((ratio, f"{n} clips, seed {seed}, {name}"))
-            vs_ls.append((versus, f"{n} clips, seed {seed}, {name}"))
+            cells = ""
+            for budget, against in vs_ls.items():
+                reference = plain_local_search(planner, clips, seconds=budget, seed=seed)
+                assert validate(reference, planner, clips) == []
+                versus = row["makespan_s"] / reference.makespan
+                against.append((versus, f"{n} clips, seed {seed}, {name}"))
+                cells += f" {reference.makespan:9.1f} {versus:8.4f}"
             extra = data["recommendation"]["extra_hosts"]
             found = proven = None
             if extra:
@@ -147,7 +153,7 @@ def section_quality(batches: int, ls: float, payoff_seconds: float) -> None:
             best = better_payoff(clips, data, profile, hm, payoff_seconds) if extra else None
             print(
                 f"   {f'{n} #{seed}':>12s} {name:>22s} {row['makespan_s']:9.1f} {row['proven_bound_s']:9.1f} "
-                f"{ratio:10.4f} {reference.makespan:9.1f} {versus:8.4f}  {found}/{proven}; {best}",
+                f"{ratio:10.4f}{cells}  {found}/{proven}; {best}",
                 flush=True,
             )
     worst, where = max(ratios)
@@ -155,11 +161,12 @@ def section_quality(batches: int, ls: float, payoff_seconds: float) -> None:
         f"\n   plan / proven bound: mean {statistics.mean(r for r, _ in ratios):.4f}, worst {worst:.4f} ({where}): "
         f"{'meets' if worst <= 1.005 else 'MISSES'} <= 1.005"
     )
-    worst, where = max(vs_ls)
-    print(
-        f"   plan / plain local search: mean {statistics.mean(r for r, _ in vs_ls):.4f}, worst {worst:.4f} "
-        f"({where}): {'meets' if worst <= 1.0 + 1e-9 else 'MISSES'} <= 1"
-    )
+    for budget, against in vs_ls.items():
+        worst, where = max(against)
+        print(
+            f"   plan / plain local search of {budget:g} s: mean {statistics.mean(r for r, _ in against):.4f}, "
+            f"worst {worst:.4f} ({where}): {'meets' if worst <= 1.0 + 1e-9 else 'MISSES'} <= 1"
+        )
     print(f"   {load()}")
 
 
