@@ -31,7 +31,7 @@ from h3flow.planner.improve import improve
 from h3flow.planner.instance import Instance
 from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
 from h3flow.planner.search import build
-from h3flow.planner.sequence import from_schedule, to_schedule
+from h3flow.planner.sequence import evaluate, from_schedule, to_schedule
 from h3flow.planner.solver import solve_cp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +92,29 @@ def test_the_best_schedule_is_never_worse_than_the_heuristics_it_starts_from(cli
     for heuristic in best.heuristics.values():
         assert best.schedule.makespan <= heuristic.makespan + 1e-9
     assert best.proven <= best.schedule.makespan + 1e-6
+
+
+@FAST
+@given(clips=batches, topology=st.sampled_from(TOPOLOGIES), seed=st.integers(0, 10_000), slack=st.floats(-0.2, 0.2))
+def test_a_cut_off_evaluation_drops_only_schedules_that_end_after_it(clips, topology, seed, slack) -> None:
+    """The local search times its candidates with a cut-off (its acceptance threshold): a candidate it
+    drops unseen ends after the cut-off, and one it times is timed exactly as without it."""
+    planner = PLANNERS[topology]
+    inst = Instance.of(planner, clips)
+    seqs = from_schedule(inst, simulate(clips, planner, EarliestFinish(planner)))
+    rng = random.Random(seed)
+    for seq in seqs:  # another order on each pool (borrowed encodes may then deadlock: both sides see it)
+        rng.shuffle(seq)
+    full = evaluate(inst, seqs)
+    if full is None:
+        assert evaluate(inst, seqs, cutoff=1e9) is None
+        return
+    cutoff = full[1].makespan * (1 + slack)
+    cut = evaluate(inst, seqs, cutoff=cutoff)
+    if cut is None:
+        assert full[1].makespan > cutoff
+    else:
+        assert cut == full
 
 
 def _random_profile(rng: random.Random) -> object:

@@ -10,6 +10,7 @@ and restarted from a perturbed best (iterated local search) while budget is left
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -21,12 +22,21 @@ Key = tuple[float, ...]
 EPS = 1e-6
 
 
-def key_of(inst: Instance, seqs: Sequences) -> Key | None:
-    done = evaluate(inst, seqs)
+def key_of(inst: Instance, seqs: Sequences, cutoff: float = math.inf) -> Key | None:
+    """Makespan, then the pools' finish times, largest first; None when the sequences deadlock or cannot end
+    by ``cutoff`` (cut short: a candidate that cannot be taken is not timed in full — one that is timed may
+    still end after it)."""
+    timed = _timed(inst, seqs, cutoff)
+    return timed[0] if timed is not None else None
+
+
+def _timed(inst: Instance, seqs: Sequences, cutoff: float = math.inf) -> tuple[Key, list[float]] | None:
+    """:func:`key_of` and the pools' finish times (which the moves read)."""
+    done = evaluate(inst, seqs, cutoff)
     if done is None:
         return None
-    dl = done[1]
-    return (round(dl.makespan, 6), *sorted((round(f, 6) for f in dl.finish), reverse=True))
+    finish = done[1].finish
+    return (round(done[1].makespan, 6), *sorted((round(f, 6) for f in finish), reverse=True)), finish
 
 
 def _copy(seqs: Sequences) -> Sequences:
@@ -184,15 +194,12 @@ def late_acceptance(
         cand = _random_move(inst, current, finish, rng)
         if cand is None:
             continue
-        k = key_of(inst, cand)
-        if k is None:
-            continue
         slot = step % history
-        if k[0] <= past[slot] or k <= current_key:
-            current, current_key = cand, k
-            finish = _finish(inst, current)
-            if k < best_key:
-                best, best_key = cand, k
+        timed = _timed(inst, cand, max(past[slot], current_key[0]) + EPS)  # None: deadlocks or cannot be taken
+        if timed is not None and (timed[0][0] <= past[slot] or timed[0] <= current_key):
+            current, (current_key, finish) = cand, timed
+            if current_key < best_key:
+                best, best_key = cand, current_key
         if current_key[0] < past[slot]:
             past[slot] = current_key[0]
     return best, best_key
@@ -218,7 +225,7 @@ def descend(inst: Instance, seqs: Sequences, *, seconds: float, max_evals: int, 
         improved = False
         for cand in _moves(inst, current, _finish(inst, current), rng):
             evals += 1
-            k = key_of(inst, cand)
+            k = key_of(inst, cand, current_key[0] + EPS)
             if k is not None and k < current_key:
                 current, current_key, improved = cand, k, True
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from h3flow.planner.timing import ClipLike, PlanClip, Planner
 
@@ -69,6 +70,15 @@ class Instance:
     @property
     def borrowers(self) -> list[int]:
         return [p for p in range(self.pools) if not self.own[p]]
+
+    @cached_property
+    def tail(self) -> list[list[float]]:
+        """[clip][pool]: the least a latent handed off there still needs (transfer + decode): no schedule ends
+        sooner after its handoff."""
+        return [
+            [min(self.transfer[j][lk] + self.decode[j][d] for d, lk in self.routes[p]) for p in range(self.pools)]
+            for j in range(self.n)
+        ]
 
     def held(self, j: int, p: int) -> float:
         """What clip ``j`` costs pool ``p`` itself (its own encode included when it encodes)."""

@@ -15,6 +15,7 @@ turns them into a :class:`~h3flow.planner.simulate.Schedule`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ from h3flow.planner.instance import Instance
 from h3flow.planner.schedule import Schedule, StageRun
 
 Sequences = list[list[int]]
+CUT_TOLERANCE = 1e-6
+"""Seconds: a cut-off evaluation drops a schedule only when it must end this much after the cut-off (sums of
+the same durations in another order differ in their last bits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +50,10 @@ class Delivery:
     finish: list[float]  # per sampler pool: when its last clip is muxed (0 when it has none)
 
 
-def timeline(inst: Instance, seqs: Sequences, ahead: int = AHEAD) -> Timeline | None:
-    """Time every pool's items as early as possible; None when the sequences deadlock."""
-    n, own, prep, work = inst.n, inst.own, inst.prep, inst.work
+def timeline(inst: Instance, seqs: Sequences, ahead: int = AHEAD, cutoff: float = math.inf) -> Timeline | None:
+    """Time every pool's items as early as possible; None when the sequences deadlock, or as soon as a latent
+    is handed off too late to be delivered by ``cutoff`` (the local search rejects those unseen)."""
+    n, own, prep, work, tail = inst.n, inst.own, inst.prep, inst.work, inst.tail
     pool_of = [-1] * n
     rank = [0] * n
     for p, seq in enumerate(seqs):
@@ -68,11 +73,11 @@ def timeline(inst: Instance, seqs: Sequences, ahead: int = AHEAD) -> Timeline | 
     while left:
         moved = 0
         for p, seq in enumerate(seqs):
-            i, t = ptr[p], free[p]
-            while i < len(seq):
+            i, t, size, own_p = ptr[p], free[p], len(seq), own[p]
+            while i < size:
                 item = seq[i]
                 if item >= 0:
-                    if own[p]:
+                    if own_p:
                         start[item] = encoded_at[item] = t
                         t += prep[item][p] + work[item][p]
                     else:
@@ -83,6 +88,8 @@ def timeline(inst: Instance, seqs: Sequences, ahead: int = AHEAD) -> Timeline | 
                         start[item] = t
                         t += work[item][p]
                     handed[item] = t
+                    if t + tail[item][p] > cutoff + CUT_TOLERANCE:
+                        return None
                 else:
                     j = ~item
                     b = pool_of[j]
@@ -161,8 +168,10 @@ def deliver(
     return Delivery(link, sent, arrived, decoder, decoded, max(dec_free, default=0.0), finish)
 
 
-def evaluate(inst: Instance, seqs: Sequences) -> tuple[Timeline, Delivery] | None:
-    tl = timeline(inst, seqs)
+def evaluate(inst: Instance, seqs: Sequences, cutoff: float = math.inf) -> tuple[Timeline, Delivery] | None:
+    """The sequences timed and delivered; None when they deadlock or (``cutoff``) a latent is handed off too
+    late to be delivered by then — the schedule may then end later than ``cutoff``, never sooner."""
+    tl = timeline(inst, seqs, cutoff=cutoff)
     if tl is None:
         return None
     return tl, deliver(inst, tl.handed, tl.pool_of)
