@@ -140,10 +140,11 @@ def _perturb(inst: Instance, seqs: Sequences, rng: random.Random, strength: int)
     return out
 
 
-def _random_move(inst: Instance, seqs: Sequences, finish: list[float], rng: random.Random) -> Sequences | None:
+def _random_move(
+    inst: Instance, seqs: Sequences, where: dict[int, tuple[int, int]], finish: list[float], rng: random.Random
+) -> Sequences | None:
     """One random neighbour: relocate a clip (half the time one of the pool that finishes last), swap two, or
-    shift a borrowed encode."""
-    where = _clip_pools(inst, seqs)
+    shift a borrowed encode. ``where``: each clip's pool and place in ``seqs`` (kept by the caller)."""
     clips = list(where)
     r = rng.random()
     if r < 0.45:
@@ -187,17 +188,18 @@ def late_acceptance(
         raise ValueError("the starting sequences deadlock")
     best, best_key = current, current_key
     past = [current_key[0]] * history
-    finish = _finish(inst, current)
+    finish, where = _finish(inst, current), _clip_pools(inst, current)
     for step in range(max_evals):
         if step % 64 == 0 and time.perf_counter() >= deadline:
             break
-        cand = _random_move(inst, current, finish, rng)
+        cand = _random_move(inst, current, where, finish, rng)
         if cand is None:
             continue
         slot = step % history
         timed = _timed(inst, cand, max(past[slot], current_key[0]) + EPS)  # None: deadlocks or cannot be taken
         if timed is not None and (timed[0][0] <= past[slot] or timed[0] <= current_key):
             current, (current_key, finish) = cand, timed
+            where = _clip_pools(inst, current)
             if current_key < best_key:
                 best, best_key = cand, current_key
         if current_key[0] < past[slot]:
