@@ -10,15 +10,16 @@ kinds, while that shortens the schedule (ties: the pools' finish times, largest 
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
 from h3flow.planner.feed import fed
+from h3flow.planner.improve import Key, key_of
 from h3flow.planner.instance import Instance
-from h3flow.planner.sequence import Sequences, evaluate, from_counts
+from h3flow.planner.sequence import Sequences, from_counts
 
 Counts = list[list[int]]
-Key = tuple[float, ...]
 
 
 def lists_of(inst: Instance, counts: Counts) -> list[list[int]]:
@@ -38,15 +39,9 @@ def timed(inst: Instance, counts: Counts) -> tuple[Key, Sequences]:
     """The better sequences for ``counts`` — keeping borrowers fed, or longest first with each borrowed encode
     as early as it may go (neither wins everywhere) — and their key (makespan, then pool finish times, largest
     first)."""
-    out: tuple[Key, Sequences] | None = None
-    for seqs in (fed(inst, lists_of(inst, counts)), from_counts(inst, counts)):
-        done = evaluate(inst, seqs)
-        if done is None:  # cannot happen with these orders; keep the search total anyway
-            continue
-        key = (round(done[1].makespan, 6), *sorted((round(f, 6) for f in done[1].finish), reverse=True))
-        if out is None or key < out[0]:
-            out = (key, seqs)
-    return out if out is not None else ((float("inf"),), fed(inst, lists_of(inst, counts)))
+    options = (fed(inst, lists_of(inst, counts)), from_counts(inst, counts))
+    keyed = [(key, seqs) for seqs in options if (key := key_of(inst, seqs)) is not None]
+    return min(keyed, key=lambda kv: kv[0]) if keyed else ((math.inf,), options[0])  # these orders never deadlock
 
 
 def climb(inst: Instance, counts: Counts, *, deadline: float, seed: int = 0) -> tuple[Key, Counts, Sequences]:
