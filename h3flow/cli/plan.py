@@ -105,7 +105,7 @@ def run_plan(
     single = topology not in ("all", "search")
     asked = [c for c in cands if c.canonical not in reference]
     fits = fits_used(prof, asked, plan_clips) if policy == "best" and not single else []
-    clock = Clock(began + time_limit - reserve(len(plan_clips), len(cands), as_json))
+    clock = Clock(began + time_limit - reserve(len(plan_clips), sum(c.feasible for c in cands), as_json))
     evals = plan_all(
         cands,
         plan_clips,
@@ -187,7 +187,7 @@ class Clock:
 
 def reserve(clips: int, topologies: int, as_json: bool) -> float:
     """Seconds kept back from the search for validating and printing the plan (measured: ~0.05 ms per clip and
-    topology to validate, ~0.02 more to write as JSON)."""
+    feasible topology to validate, ~0.02 more to write as JSON; an infeasible one has no schedule)."""
     return 0.05 + clips * topologies * (7e-5 if as_json else 5e-5)
 
 
