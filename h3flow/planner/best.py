@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from h3flow.planner.bounds import Bound, lower_bound
 from h3flow.planner.instance import Instance
 from h3flow.planner.policies import EarliestFinish, RoundRobin
+from h3flow.planner.relax import Proof
 from h3flow.planner.schedule import Schedule
 from h3flow.planner.sequence import Sequences, from_schedule, makespan, to_schedule
 from h3flow.planner.timing import ClipLike, PlanClip, Planner
@@ -36,7 +37,7 @@ DEFAULT_TIME_LIMIT = 2.0
 SMALL = 24  # up to this many clips CP-SAT gets most of the time (it usually proves the optimum)
 CP_MAX_CLIPS = 120  # larger batches: no CP-SAT (the model grows past what the time limit solves)
 RELAX_MAX_CLIPS = 400
-RELAX_SHARE = (0.35, 0.25)  # of the first slice (up to SMALL clips, above), at most: it stops once proven
+RELAX_WAIT = (0.35, 0.25)  # of the first slice (up to SMALL clips, above): at most this long for the relaxation
 TOLERANCE = 1e-9  # relative: a schedule this close to its bound is proven optimal (float noise only)
 
 
@@ -86,6 +87,8 @@ class Search:
         self._pool: list[tuple[tuple[float, ...], list[list[int]], str]] | None = None  # starts: key, counts, how
         self._relaxed = False  # the relaxation was solved (without the feeding constraints)
         self._fed = False  # ... and with them
+        self._proof: Proof | None = None  # the relaxation being solved beside this slice's search
+        self._tried: set[str] = set()  # the relaxation's counts already timed
         self._slices = 0
         self._finish(began)
 
@@ -124,13 +127,52 @@ class Search:
         began = time.perf_counter()
         deadline = began + max(seconds, 0.0)
         if not self.optimal and seconds > 0 and len(self.clips) > 1:
-            if self._slices == 0:
-                self._first(deadline)
-            else:
-                self._more(deadline)
+            self.starts()
+            self._proof = self._start_proof(deadline)
+            try:
+                if self._slices == 0:
+                    self._first(deadline)
+                else:
+                    self._more(deadline)
+            finally:
+                self._end_proof()
             self._slices += 1
         self._finish(began)
         return self.best
+
+    def _start_proof(self, deadline: float) -> Proof | None:
+        """The load relaxation, for the whole slice in a thread beside the search: first the plain one, once that
+        is proven the one with the feeding constraints (a tighter bound where pools borrow an encoder)."""
+        inst = self.inst
+        if inst.n > RELAX_MAX_CLIPS or (self._relaxed and (self._fed or not inst.borrowers)):
+            return None
+        hint = min(self._pool)[1] if self._pool else None
+        return Proof(
+            inst, self._left(deadline), workers=self.workers, hint=hint, feeding=self._relaxed, floor=self.best.proven
+        )
+
+    def _end_proof(self) -> None:
+        """Stop the slice's relaxation: its bound is proven, its best counts a start."""
+        proof, self._proof = self._proof, None
+        if proof is None:
+            return
+        relaxed = proof.result()
+        if relaxed.optimal:
+            if proof.feeding:
+                self._fed = True
+            else:
+                self._relaxed = True
+        self._prove(relaxed.bound, "load relaxation")
+        if relaxed.counts is not None:
+            self._relaxation_start(relaxed.counts)
+
+    def _relaxation_start(self, counts: list[list[int]] | None) -> bool:
+        """Time the relaxation's counts as a start, unless already tried; whether they were new."""
+        if counts is None or self.optimal or repr(counts) in self._tried:
+            return False
+        self._tried.add(repr(counts))
+        self._counts_start(counts, "load relaxation")
+        return True
 
     def _left(self, deadline: float) -> float:
         return max(0.0, deadline - time.perf_counter())
@@ -154,21 +196,15 @@ class Search:
 
     def _first(self, deadline: float) -> None:
         from h3flow.planner.assign import climb
-        from h3flow.planner.relax import solve_relaxation
 
-        self.starts()
         inst = self.inst
         n = inst.n
         pool = self._pool
         assert pool is not None
-        if n <= RELAX_MAX_CLIPS and not self.optimal:
-            relaxed = solve_relaxation(
-                inst, self._left(deadline) * RELAX_SHARE[n > SMALL], self.workers, min(pool)[1] if pool else None
-            )
-            self._relaxed = relaxed.optimal
-            self._prove(relaxed.bound, "load relaxation")
-            if relaxed.counts is not None:
-                self._counts_start(relaxed.counts, "load relaxation")
+        proof = self._proof
+        if proof is not None:  # its counts are the best start more often than not: wait for them (it goes on)
+            proof.wait(self._left(deadline) * RELAX_WAIT[n > SMALL])
+            self._relaxation_start(proof.counts)
         if self.optimal:
             return
         # the best distinct starts, each improved on real schedules
@@ -215,26 +251,20 @@ class Search:
             self._cp_sat(deadline)
 
     def _more(self, deadline: float) -> None:
-        """A later slice: the relaxation with the feeding constraints (a tighter bound), then more search."""
+        """A later slice: more search (another seed, CP-SAT again), and a climb from the relaxation's counts when
+        the slice's relaxation (its feeding constraints, once the plain one is proven) finds new ones."""
         from h3flow.planner.assign import climb
-        from h3flow.planner.relax import solve_relaxation
 
-        inst = self.inst
-        if inst.n <= RELAX_MAX_CLIPS and (not self._relaxed or (inst.borrowers and not self._fed)):
-            feeding = self._relaxed  # first finish the plain relaxation, then the one with the feeding constraints
-            hint = min(self._pool)[1] if self._pool else None
-            relaxed = solve_relaxation(
-                inst, self._left(deadline) * 0.3, self.workers, hint, feeding=feeding, floor=self.best.proven
-            )
-            if feeding:
-                self._fed = relaxed.optimal
-            else:
-                self._relaxed = relaxed.optimal
-            self._prove(relaxed.bound, "load relaxation")
-            if relaxed.counts is not None and not self.optimal:
-                self._counts_start(relaxed.counts, "load relaxation")
+        proof = self._proof
+        if proof is not None:
+            proof.found.wait(self._left(deadline) * 0.05)
+            if self._relaxation_start(proof.counts) and not self.optimal:
+                assert proof.counts is not None
                 key, _, seqs = climb(
-                    inst, relaxed.counts, deadline=time.perf_counter() + self._left(deadline) * 0.2, seed=self._slices
+                    self.inst,
+                    proof.counts,
+                    deadline=time.perf_counter() + self._left(deadline) * 0.2,
+                    seed=self._slices,
                 )
                 self._take(seqs, key[0], "assignment search")
         self._search(deadline)

@@ -14,7 +14,10 @@ the bound stays valid for the real (unrounded) times.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from h3flow.planner.instance import Instance
 
@@ -44,6 +47,67 @@ def solve_relaxation(
 ) -> Relaxation:
     """Solve the relaxation within ``seconds``; ``hint``: counts to start from ([pool][kind]); ``feeding``:
     with the encoder pools' feeding constraints (tighter, slower); ``floor``: a known lower bound."""
+    model, y = _model(inst, hint, stagger, feeding, floor)
+    return _solve(model, y, seconds, workers, floor)
+
+
+class Proof:
+    """The relaxation solved in a thread beside the search — CP-SAT releases the GIL, so on a second core it
+    costs the search nothing — until ``seconds`` pass or :meth:`result` stops it; its best counts so far can be
+    read while it runs (they are a start for the search)."""
+
+    def __init__(
+        self,
+        inst: Instance,
+        seconds: float,
+        *,
+        workers: int = 1,
+        hint: list[list[int]] | None = None,
+        feeding: bool = False,
+        floor: float = 0.0,
+    ) -> None:
+        from ortools.sat.python import cp_model
+
+        self.feeding = feeding
+        self.counts: list[list[int]] | None = None  # the best solution so far
+        self.found = threading.Event()  # set at its first solution, and when it ends
+        self._solver = cp_model.CpSolver()
+        self._result: Relaxation | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(inst, seconds, workers, hint, feeding, floor), name="h3flow-relaxation", daemon=True
+        )
+        self._thread.start()
+
+    def _run(
+        self, inst: Instance, seconds: float, workers: int, hint: list[list[int]] | None, feeding: bool, floor: float
+    ) -> None:
+        try:
+            model, y = _model(inst, hint, True, feeding, floor)
+            self._result = _solve(model, y, seconds, workers, floor, self._solver, self._found)
+        finally:
+            self.found.set()
+
+    def _found(self, counts: list[list[int]]) -> None:
+        self.counts = counts
+        self.found.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for it to end (proven, or out of time); whether it did."""
+        self._thread.join(max(seconds, 0.0))
+        return not self._thread.is_alive()
+
+    def result(self) -> Relaxation:
+        """Stop the search (if still running) and return what it proved and found."""
+        self._solver.stop_search()
+        self._thread.join()
+        assert self._result is not None
+        return self._result
+
+
+def _model(
+    inst: Instance, hint: list[list[int]] | None, stagger: bool, feeding: bool, floor: float
+) -> tuple[Any, list[list[Any]]]:
+    """The relaxation as a CP-SAT model, and its count variables ([pool][kind])."""
     from ortools.sat.python import cp_model
 
     n_kinds = max(inst.kind) + 1
@@ -127,17 +191,41 @@ def solve_relaxation(
         for p in pools:
             for k in kinds:
                 m.add_hint(y[p][k], hint[p][k])
-    solver = cp_model.CpSolver()
+    return m, y
+
+
+def _solve(
+    model: Any,
+    y: list[list[Any]],
+    seconds: float,
+    workers: int,
+    floor: float,
+    solver: Any = None,
+    found: Callable[[list[list[int]]], None] | None = None,
+) -> Relaxation:
+    """Solve ``model`` within ``seconds``; ``found`` is told the counts of each better solution."""
+    from ortools.sat.python import cp_model
+
+    solver = solver or cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    status = solver.solve(m)
+    callback = None
+    if found is not None:
+        tell = found
+
+        class Tell(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                tell([[int(self.value(v)) for v in row] for row in y])
+
+        callback = Tell()
+    status = solver.solve(model, callback)
     if status == cp_model.INFEASIBLE:  # only if the floor was wrong: keep what is known
         return Relaxation(floor, None, False)
     bound = max(solver.best_objective_bound / SCALE, floor)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Relaxation(bound, None, False)
-    counts = [[int(solver.value(y[p][k])) for k in kinds] for p in pools]
+    counts = [[int(solver.value(v)) for v in row] for row in y]
     return Relaxation(bound, counts, status == cp_model.OPTIMAL, solver.objective_value / SCALE)
 
 

@@ -1,0 +1,62 @@
+"""The load relaxation solved in a thread beside the search: it proves what a plain solve proves, a stopped one
+keeps a sound bound and its best counts, and no slice leaves it running."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+from h3flow.config.models import load_host_map
+from h3flow.planner import PlanClip, Planner
+from h3flow.planner.best import Search
+from h3flow.planner.instance import Instance
+from h3flow.planner.profile import load_profile
+from h3flow.planner.relax import Proof, relaxed_makespan, solve_relaxation
+from h3flow.planner.search import build
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = load_profile()
+PLANNER = Planner(
+    PROFILE, build(load_host_map(ROOT / "examples" / "host-map.example.json"), "4+2+2+xtx", PROFILE).resources
+)
+
+
+def mixed(n: int, seed: int) -> list[PlanClip]:
+    rng = random.Random(seed)
+    return [PlanClip.make(f"m{i:02d}", rng.choice(["sd", "hd"]), rng.choice([2.0, 5.0, 8.0])) for i in range(n)]
+
+
+def test_a_proof_run_to_its_end_proves_what_a_plain_solve_proves() -> None:
+    inst = Instance.of(PLANNER, mixed(20, 3101))
+    plain = solve_relaxation(inst, 60.0)
+    assert plain.optimal
+    proof = Proof(inst, 60.0)
+    assert proof.wait(60.0)
+    ended = proof.result()
+    assert ended.optimal
+    assert abs(ended.bound - plain.bound) < 1e-6
+    assert ended.counts is not None and abs(relaxed_makespan(inst, ended.counts) - plain.value) < 1.0
+
+
+def test_a_stopped_proof_keeps_a_sound_bound_and_the_counts_it_found() -> None:
+    inst = Instance.of(PLANNER, mixed(40, 3102))
+    optimum = solve_relaxation(inst, 0.5).value  # a solution of the relaxation: no bound is above it
+    proof = Proof(inst, 60.0)
+    assert proof.found.wait(30.0)
+    seen = proof.counts
+    assert seen is not None and [sum(col) for col in zip(*seen, strict=True)] == [
+        inst.kind.count(k) for k in range(max(inst.kind) + 1)
+    ]
+    stopped = proof.result()  # long before its 60 s
+    assert not stopped.optimal
+    assert stopped.bound <= optimum + 1e-6
+    assert stopped.counts is not None
+
+
+def test_no_slice_leaves_its_relaxation_running() -> None:
+    search = Search(PLANNER, mixed(40, 3103))
+    for seconds in (0.3, 0.2):
+        search.step(seconds)
+        assert not [t for t in threading.enumerate() if t.name == "h3flow-relaxation"]
+    assert search.best.proven <= search.best.schedule.makespan + 1e-6
