@@ -15,8 +15,10 @@
 
 :class:`Search` does this in slices of time, so ``h3flow plan`` can give its budget to the
 topologies that decide a recommendation; later slices search more (other seeds, the
-relaxation with the encoder pools' feeding constraints, CP-SAT again). The result is never
-worse than the best heuristic: a schedule is only replaced by a shorter one.
+relaxation with the encoder pools' feeding constraints, CP-SAT again). Each slice solves
+the relaxation in a thread beside the search (:class:`~h3flow.planner.relax.Proof`: a
+second core proves the bound while the local search runs). The result is never worse than
+the best heuristic: a schedule is only replaced by a shorter one.
 """
 
 from __future__ import annotations
