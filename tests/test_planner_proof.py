@@ -7,6 +7,8 @@ import random
 import threading
 from pathlib import Path
 
+import pytest
+
 from h3flow.config.models import load_host_map
 from h3flow.planner import PlanClip, Planner
 from h3flow.planner.best import Search
@@ -60,3 +62,11 @@ def test_no_slice_leaves_its_relaxation_running() -> None:
         search.step(seconds)
         assert not [t for t in threading.enumerate() if t.name == "h3flow-relaxation"]
     assert search.best.proven <= search.best.schedule.makespan + 1e-6
+
+
+def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
+    inst = Instance.of(PLANNER, mixed(8, 3104))
+    proof = Proof(inst, 5.0, hint=[[1]])  # a hint of the wrong shape: the model cannot be built
+    assert proof.found.wait(5.0)
+    with pytest.raises(IndexError):
+        proof.result()

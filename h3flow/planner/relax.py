@@ -73,6 +73,7 @@ class Proof:
         self.found = threading.Event()  # set at its first solution, and when it ends
         self._solver = cp_model.CpSolver()
         self._result: Relaxation | None = None
+        self._error: Exception | None = None
         self._thread = threading.Thread(
             target=self._run, args=(inst, seconds, workers, hint, feeding, floor), name="h3flow-relaxation", daemon=True
         )
@@ -84,6 +85,8 @@ class Proof:
         try:
             model, y = _model(inst, hint, True, feeding, floor)
             self._result = _solve(model, y, seconds, workers, floor, self._solver, self._found)
+        except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread, by result()
+            self._error = exc
         finally:
             self.found.set()
 
@@ -100,6 +103,8 @@ class Proof:
         """Stop the search (if still running) and return what it proved and found."""
         self._solver.stop_search()
         self._thread.join()
+        if self._error is not None:
+            raise self._error
         assert self._result is not None
         return self._result
 
