@@ -22,6 +22,10 @@ from typing import Any
 from h3flow.planner.instance import Instance
 
 SCALE = 1000  # CP-SAT works in integer milliseconds
+FULL_LP_FROM = 41
+"""Clips: from this many, CP-SAT builds the relaxation's linear relaxation in full (linearization level 2). On
+development batches of 44-50 clips its bound after 0.3-3 s was 0-0.7% higher; at 16-40 clips the default level
+proves the optimum sooner (its bound was up to 3% higher at 0.3 s)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ def solve_relaxation(
     """Solve the relaxation within ``seconds``; ``hint``: counts to start from ([pool][kind]); ``feeding``:
     with the encoder pools' feeding constraints (tighter, slower); ``floor``: a known lower bound."""
     model, y = _model(inst, hint, stagger, feeding, floor)
-    return _solve(model, y, seconds, workers, floor)
+    return _solve(model, y, seconds, workers, floor, full_lp=inst.n >= FULL_LP_FROM)
 
 
 class Proof:
@@ -84,7 +88,9 @@ class Proof:
     ) -> None:
         try:
             model, y = _model(inst, hint, True, feeding, floor)
-            self._result = _solve(model, y, seconds, workers, floor, self._solver, self._found)
+            self._result = _solve(
+                model, y, seconds, workers, floor, self._solver, self._found, full_lp=inst.n >= FULL_LP_FROM
+            )
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread, by result()
             self._error = exc
         finally:
@@ -207,14 +213,18 @@ def _solve(
     floor: float,
     solver: Any = None,
     found: Callable[[list[list[int]]], None] | None = None,
+    full_lp: bool = False,
 ) -> Relaxation:
-    """Solve ``model`` within ``seconds``; ``found`` is told the counts of each better solution."""
+    """Solve ``model`` within ``seconds``; ``found`` is told the counts of each better solution; ``full_lp``:
+    linearize every constraint (a stronger bound early on large batches, slower proofs on small ones)."""
     from ortools.sat.python import cp_model
 
     solver = solver or cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
+    if full_lp:
+        solver.parameters.linearization_level = 2
     callback = None
     if found is not None:
         tell = found
