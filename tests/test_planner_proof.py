@@ -70,3 +70,17 @@ def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
     assert proof.found.wait(5.0)
     with pytest.raises(IndexError):
         proof.result()
+
+
+def test_a_large_batch_relaxation_fully_linearized_stays_sound() -> None:
+    """From FULL_LP_FROM clips CP-SAT linearizes every constraint: its bound is still below an independent
+    schedule (the reference local search, none of the planner's code) and below its own solution's value."""
+    from h3flow.planner.relax import FULL_LP_FROM
+    from tests.planner_reference import plain_local_search
+
+    clips = mixed(FULL_LP_FROM + 3, 3104)
+    inst = Instance.of(PLANNER, clips)
+    relaxed = solve_relaxation(inst, 2.0)
+    assert relaxed.counts is not None
+    assert relaxed.bound <= relaxed_makespan(inst, relaxed.counts) + 1e-6
+    assert relaxed.bound <= plain_local_search(PLANNER, clips, seconds=1.0, seed=0).makespan + 1e-6
