@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.h3flow-installed
 
 .PHONY: venv system-deps demo stop test test-fast lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py h3flow/planner/_fastseq.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'

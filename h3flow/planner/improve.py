@@ -15,10 +15,13 @@ import random
 import time
 from collections.abc import Iterator
 
+from h3flow.planner import fastseq
 from h3flow.planner.instance import Instance
 from h3flow.planner.sequence import Sequences, evaluate
 
 Key = tuple[float, ...]
+PYTHON_EVALS = 50_000  # the default evaluation budget of improve() in Python (~1.5 s at 40 clips)
+C_EVALS = 2_000_000  # ... with the C core (~1.5 s too: the time limit binds first in a plan)
 EPS = 1e-6
 
 
@@ -32,11 +35,17 @@ def key_of(inst: Instance, seqs: Sequences, cutoff: float = math.inf) -> Key | N
 
 def _timed(inst: Instance, seqs: Sequences, cutoff: float = math.inf) -> tuple[Key, list[float]] | None:
     """:func:`key_of` and the pools' finish times (which the moves read)."""
-    done = evaluate(inst, seqs, cutoff)
-    if done is None:
-        return None
-    finish = done[1].finish
-    return (round(done[1].makespan, 6), *sorted((round(f, 6) for f in finish), reverse=True)), finish
+    if fastseq.AVAILABLE:
+        timed = fastseq.evaluate(inst, seqs, cutoff)
+        if timed is None:
+            return None
+        span, finish = timed
+    else:
+        done = evaluate(inst, seqs, cutoff)
+        if done is None:
+            return None
+        span, finish = done[1].makespan, done[1].finish
+    return (round(span, 6), *sorted((round(f, 6) for f in finish), reverse=True)), finish
 
 
 def _copy(seqs: Sequences) -> Sequences:
@@ -180,6 +189,11 @@ def late_acceptance(
 ) -> tuple[Sequences, Key]:
     """Late-acceptance hill climbing over random moves: a candidate is taken if it is no worse than the
     current sequences or than the makespan ``history`` steps ago (it walks out of local optima)."""
+    if fastseq.AVAILABLE:  # the same search in C
+        found, _ = fastseq.late_acceptance(inst, seqs, seconds=seconds, max_evals=max_evals, seed=seed, history=history)
+        found_key = key_of(inst, found)
+        assert found_key is not None
+        return found, found_key
     rng = random.Random(seed)
     deadline = time.perf_counter() + seconds
     current = _copy(seqs)
@@ -237,7 +251,7 @@ def descend(inst: Instance, seqs: Sequences, *, seconds: float, max_evals: int, 
 
 
 def improve(
-    inst: Instance, seqs: Sequences, *, seconds: float = 0.5, max_evals: int = 50_000, seed: int = 0
+    inst: Instance, seqs: Sequences, *, seconds: float = 0.5, max_evals: int | None = None, seed: int = 0
 ) -> tuple[Sequences, float]:
     """Better sequences than ``seqs`` (or ``seqs`` itself) and their makespan: rounds of late acceptance and a
     descent to the nearest local optimum, each later round started from the best so far perturbed by a few random
@@ -250,7 +264,7 @@ def improve(
     best, best_key = seqs, key_of(inst, seqs)
     assert best_key is not None
     current = seqs
-    left = max_evals
+    left = max_evals if max_evals is not None else (C_EVALS if fastseq.AVAILABLE else PYTHON_EVALS)
     for round_ in range(1_000_000):
         now = time.perf_counter()
         if left <= 0 or now >= deadline:
