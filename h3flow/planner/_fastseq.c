@@ -49,7 +49,8 @@ static void tables_free(PyObject *capsule) {
     free(t);
 }
 
-static int read_ints(PyObject *seq, int *out, Py_ssize_t count) {
+/* a flat Python list of count numbers into ints (when given) or doubles */
+static int read_numbers(PyObject *seq, int *ints, double *doubles, Py_ssize_t count) {
     PyObject *fast = PySequence_Fast(seq, "expected a sequence");
     if (!fast) return -1;
     if (PySequence_Fast_GET_SIZE(fast) != count) {
@@ -58,30 +59,18 @@ static int read_ints(PyObject *seq, int *out, Py_ssize_t count) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (v == -1 && PyErr_Occurred()) { Py_DECREF(fast); return -1; }
-        out[i] = (int)v;
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        double v = ints ? (double)PyLong_AsLong(item) : PyFloat_AsDouble(item);
+        if (v == -1.0 && PyErr_Occurred()) { Py_DECREF(fast); return -1; }
+        if (ints) ints[i] = (int)v;
+        else doubles[i] = v;
     }
     Py_DECREF(fast);
     return 0;
 }
 
-static int read_doubles(PyObject *seq, double *out, Py_ssize_t count) {
-    PyObject *fast = PySequence_Fast(seq, "expected a sequence");
-    if (!fast) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != count) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "wrong length");
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-        if (v == -1.0 && PyErr_Occurred()) { Py_DECREF(fast); return -1; }
-        out[i] = v;
-    }
-    Py_DECREF(fast);
-    return 0;
-}
+static int read_ints(PyObject *seq, int *out, Py_ssize_t count) { return read_numbers(seq, out, NULL, count); }
+static int read_doubles(PyObject *seq, double *out, Py_ssize_t count) { return read_numbers(seq, NULL, out, count); }
 
 /* tables(n, pools, links, decoders, ahead, encoder, own, kind, route_d, route_l, prep, work, tail, transfer,
  * decode): flat lists, row-major as the comments in Tables say. */
