@@ -119,3 +119,15 @@ def test_bad_sequences_are_refused_with_a_clear_error() -> None:
         fastseq.evaluate(inst, [[*start[0], 99], *start[1:]], float("inf"))
     with pytest.raises(ValueError, match="sampled once"):
         fastseq.evaluate(inst, [[], *start[1:]], float("inf"))
+
+
+def test_without_the_c_core_improve_runs_its_python_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    # where no compiler was found at install time: the same guarantees from the Python code
+    monkeypatch.setattr(fastseq, "AVAILABLE", False)
+    monkeypatch.setattr(fastseq, "_fastseq", None)
+    planner = Planner(PROFILE, build(HOST_MAP, "4+2+2+xtx", PROFILE).resources)
+    inst, start = _start(planner, _batch(20, 11))
+    found, value = improve(inst, start, seconds=60, max_evals=3_000, seed=0)
+    check(inst, found)
+    assert value == pytest.approx(makespan(inst, found), abs=1e-6)
+    assert makespan(inst, found) < makespan(inst, start)
