@@ -84,3 +84,26 @@ def test_a_large_batch_relaxation_fully_linearized_stays_sound() -> None:
     assert relaxed.counts is not None
     assert relaxed.bound <= relaxed_makespan(inst, relaxed.counts) + 1e-6
     assert relaxed.bound <= plain_local_search(PLANNER, clips, seconds=1.0, seed=0).makespan + 1e-6
+
+
+def test_a_proof_that_turns_to_raising_its_bound_stays_sound_and_keeps_its_counts() -> None:
+    """Past TURN's size a proof not proven early goes on with CP-SAT's bound search: stopped there (or run to
+    its end), its bound is still below an independent schedule and its own counts' value, and the counts it had
+    are kept."""
+    from h3flow.planner.relax import TURN
+    from tests.planner_reference import plain_local_search
+
+    clips = mixed(TURN[0] + 9, 3105)
+    inst = Instance.of(PLANNER, clips)
+    reference = plain_local_search(PLANNER, clips, seconds=1.0, seed=0).makespan
+    for ends in (False, True):
+        proof = Proof(inst, 2.0)
+        proof.wait(2.0 if ends else 1.0)  # stopped in the bound search (1 s > 0.2 x 2 s) or run to its end
+        relaxed = proof.result()
+        assert not [t for t in threading.enumerate() if t.name == "h3flow-relaxation"]
+        assert relaxed.counts is not None and proof.counts is not None
+        assert [sum(col) for col in zip(*relaxed.counts, strict=True)] == [
+            inst.kind.count(k) for k in range(max(inst.kind) + 1)
+        ]
+        assert relaxed.bound <= relaxed_makespan(inst, relaxed.counts) + 1e-6
+        assert relaxed.bound <= reference + 1e-6
