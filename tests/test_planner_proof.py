@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,40 @@ def test_a_proof_that_turns_to_raising_its_bound_stays_sound_and_keeps_its_count
         ]
         assert relaxed.bound <= relaxed_makespan(inst, relaxed.counts) + 1e-6
         assert relaxed.bound <= reference + 1e-6
+
+
+def relaxations() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "h3flow-relaxation"]
+
+
+def test_a_relaxation_kept_across_slices_goes_on_until_settled() -> None:
+    """``step(prove_until=...)``: the slice's relaxation is not restarted by the next slice (one proof goes on
+    across both) and runs until ``settle()``, which keeps its bound."""
+    search = Search(PLANNER, mixed(40, 3106))
+    until = time.perf_counter() + 60.0
+    search.step(0.3, prove_until=until)
+    proof = search._proof
+    assert proof is not None and not proof.done and relaxations()
+    search.step(0.2, prove_until=until)
+    assert search._proof is proof  # the same solve, not a new one
+    before = search.best.proven
+    search.settle()
+    assert search._proof is None and proof.done and not relaxations()
+    assert before <= search.best.proven <= search.best.schedule.makespan + 1e-6
+
+
+def test_planning_every_topology_leaves_only_the_leading_relaxation_running() -> None:
+    from h3flow.planner.topologies import leading, plan_all
+
+    hm = load_host_map(ROOT / "examples" / "host-map.example.json")
+    cands = [build(hm, name, PROFILE) for name in ("4+2+2", "4+2+2+xtx")]
+    clips = mixed(36, 3107)
+    plan_all(cands, clips, PROFILE, "best", seconds=0.6, threshold=0.15)
+    assert not relaxations()
+    evals = plan_all(cands, clips, PROFILE, "best", seconds=0.6, threshold=0.15, prove_until=time.perf_counter() + 60)
+    lead = leading(evals, 0.15)
+    assert lead is not None and lead.search is not None
+    running = [e.name for e in evals if e.search is not None and e.search._proof is not None]
+    assert running in ([], [lead.name])  # [] only if its relaxation was proven within the 0.6 s
+    lead.settle()
+    assert not relaxations()

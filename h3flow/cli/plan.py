@@ -22,7 +22,7 @@ from h3flow.planner.profile import DEFAULT_PROFILE, load_profile
 from h3flow.planner.recommend import METHODS, plan_all, recommend, report_json
 from h3flow.planner.search import baseline, build, candidates
 from h3flow.planner.timing import PlanClip
-from h3flow.planner.topologies import leaders
+from h3flow.planner.topologies import leaders, leading
 
 DEFAULT_CLIPS = 6
 JSON_INDENT_CLIPS = 100
@@ -111,20 +111,26 @@ def run_plan(
         plan_clips,
         prof,
         policy,
-        seconds=clock.share(1.0 if single else float(__import__('os').environ.get('H3_SHARE','0.7'))),
+        seconds=clock.share(1.0 if single else float(__import__("os").environ.get("H3_SHARE", "0.7"))),
         threshold=threshold,
         reference=reference,
+        prove_until=None if single else clock.deadline,
     )
     same = [
         e for e in evals if (e.candidate.canonical, e.candidate.decoders) == (base_cand.canonical, base_cand.decoders)
     ]
     base = same[0]
+    lead = None if single else leading(evals, threshold)
+    if lead is not None and lead.search is not None:  # its bound goes on rising beside the pay-off scan
+        lead.search.prove_beside(clock.deadline)
     rec = recommend(evals, threshold, plan_clips, seconds=clock.share(0.6 if fits else 1.0), single=single)
     outcomes = []
     if rec and rec.name:
         for i, name in enumerate(fits):
             seconds = clock.share(1 / (len(fits) - i))
             outcomes.append(under(prof, name, leaders(evals), plan_clips, policy, threshold, seconds, rec.name))
+    if lead is not None and lead.search is not None:
+        lead.search.settle()
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),

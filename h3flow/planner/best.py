@@ -124,20 +124,28 @@ class Search:
             self.best.proven, self.best.proven_by = bound, by
 
     # ------------------------------------------------------------------ search
-    def step(self, seconds: float) -> Best:
-        """Spend up to ``seconds`` of wall time on a better schedule and a better bound."""
+    def step(self, seconds: float, *, prove_until: float | None = None) -> Best:
+        """Spend up to ``seconds`` of wall time on a better schedule and a better bound; ``prove_until``: the
+        slice's relaxation may go on beside the caller until then (a ``perf_counter`` time) — a later step goes
+        on with it and :meth:`settle` stops it."""
         began = time.perf_counter()
         deadline = began + max(seconds, 0.0)
         if not self.optimal and seconds > 0 and len(self.clips) > 1:
             self.starts()
-            self._proof = self._start_proof(deadline)
+            if self._proof is not None and self._proof.done:
+                self._end_proof()
+            if self._proof is None:
+                self._proof = self._start_proof(max(deadline, prove_until or 0.0))
             try:
                 if self._slices == 0:
                     self._first(deadline)
                 else:
                     self._more(deadline)
             finally:
-                self._end_proof()
+                if prove_until is None or self._proof is None or self._proof.done:
+                    self._end_proof()
+                else:
+                    self._relaxation_start(self._proof.counts)
             self._slices += 1
         self._finish(began)
         return self.best
@@ -153,8 +161,8 @@ class Search:
             inst, self._left(deadline), workers=self.workers, hint=hint, feeding=self._relaxed, floor=self.best.proven
         )
 
-    def _end_proof(self) -> None:
-        """Stop the slice's relaxation: its bound is proven, its best counts a start."""
+    def _end_proof(self, starts: bool = True) -> None:
+        """Stop the slice's relaxation: its bound is proven, its best counts a start (``starts``)."""
         proof, self._proof = self._proof, None
         if proof is None:
             return
@@ -165,8 +173,23 @@ class Search:
             else:
                 self._relaxed = True
         self._prove(relaxed.bound, "load relaxation")
-        if relaxed.counts is not None:
+        if starts and relaxed.counts is not None:
             self._relaxation_start(relaxed.counts)
+
+    def prove_beside(self, deadline: float) -> None:
+        """Solve the relaxation in a thread until :meth:`settle` or ``deadline`` (unless one runs already), while
+        the caller does other work (the plan's pay-off scan leaves the second core mostly idle)."""
+        if self.optimal or self._proof is not None or len(self.clips) < 2:
+            return
+        self._proof = self._start_proof(deadline)
+
+    def settle(self) -> Best:
+        """Stop the relaxation left running (:meth:`prove_beside`, ``step(prove_until=...)``) and keep its
+        bound (its counts are not timed: the schedule may have been reported on already)."""
+        began = time.perf_counter()
+        self._end_proof(starts=False)
+        self._finish(began)
+        return self.best
 
     def _relaxation_start(self, counts: list[list[int]] | None) -> bool:
         """Time the relaxation's counts as a start, unless already tried; whether they were new."""

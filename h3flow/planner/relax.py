@@ -127,6 +127,11 @@ class Proof:
             self.counts, self._value = counts, value
         self.found.set()
 
+    @property
+    def done(self) -> bool:
+        """It ended: proven, out of time or failed (:meth:`result` says which)."""
+        return not self._thread.is_alive()
+
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for it to end (proven, or out of time); whether it did."""
         self._thread.join(max(seconds, 0.0))

@@ -96,10 +96,14 @@ class Evaluation:
     def decoder_names(self) -> list[str]:
         return [d.name for d in self.candidate.resources.decoders] if self.candidate.resources else []
 
-    def step(self, seconds: float) -> None:
+    def step(self, seconds: float, prove_until: float | None = None) -> None:
         if self.search is not None and not self.search.optimal:
-            self.search.step(seconds)
+            self.search.step(seconds, prove_until=prove_until)
             self.slices += 1
+
+    def settle(self) -> None:
+        if self.search is not None:
+            self.search.settle()
 
 
 def start(
@@ -163,15 +167,17 @@ def plan_all(
     threshold: float,
     reference: frozenset[str] = frozenset(),
     design: bool = True,
+    prove_until: float | None = None,
 ) -> list[Evaluation]:
     """Every candidate planned within ``seconds`` (the heuristics always), the search time spent where it decides
     (module docstring); the ``reference``
-    topologies (canonical names) are planned for comparison only; ``design``: the design's round-robin too."""
+    topologies (canonical names) are planned for comparison only; ``design``: the design's round-robin too;
+    ``prove_until``: the leading topology's relaxation goes on until then (its ``settle()`` stops it)."""
     began = time.perf_counter()
     evals = [start(c, clips, profile, method, design=design) for c in candidates]
     for ev in evals:
         ev.reference = ev.candidate.canonical in reference
-    allocate(evals, began + seconds - time.perf_counter(), threshold)
+    allocate(evals, began + seconds - time.perf_counter(), threshold, prove_until=prove_until)
     for ev in evals:
         check(ev, clips)
     return evals
@@ -204,11 +210,23 @@ def open_ones(evals: list[Evaluation]) -> list[Evaluation]:
     return [e for e in out if e.search is not None and not e.optimal]
 
 
-def allocate(evals: list[Evaluation], seconds: float, threshold: float) -> None:
+def allocate(evals: list[Evaluation], seconds: float, threshold: float, *, prove_until: float | None = None) -> None:
     """Spend ``seconds`` of wall time on the open topologies: first the cheap whole-clip starts of each (the most
     promising first: they often change which is fastest), then slices — the tentative recommendation weighted 3,
-    the other group leaders 1.5, the rest 0.5; the least served for its weight goes next."""
+    the other group leaders 1.5, the rest 0.5; the least served for its weight goes next. The tentative
+    recommendation's relaxation is not restarted at each of its slices: it runs on beside the others' (until
+    ``seconds`` end, or ``prove_until``: then it is left running for the caller to ``settle()``)."""
     end = time.perf_counter() + seconds
+    try:
+        _allocate(evals, end, threshold, max(end, prove_until or end))
+    finally:
+        lead = leading(evals, threshold) if prove_until is not None else None
+        for ev in evals:
+            if ev is not lead:
+                ev.settle()
+
+
+def _allocate(evals: list[Evaluation], end: float, threshold: float, prove_until: float) -> None:
     for ev in sorted(open_ones(evals), key=lambda e: -e.rate_bound):
         if end - time.perf_counter() < MIN_SLICE:
             return
@@ -218,11 +236,12 @@ def allocate(evals: list[Evaluation], seconds: float, threshold: float) -> None:
         todo = open_ones(evals)
         if not todo:
             return
-        rec = choose([e for e in evals if e.schedule is not None and not e.reference], threshold)
+        rec = leading(evals, threshold)
         leaders = {id(max(m, key=lambda e: e.rate)) for m in groups(evals).values()}
         weight = {id(e): 3.0 if e is rec else 1.5 if id(e) in leaders else 0.5 for e in todo}
         ev = min(todo, key=lambda e: (e.slices / weight[id(e)], -e.rate_bound))
-        ev.step(max(MIN_SLICE, min(left, left * weight[id(ev)] / sum(weight.values()))))
+        share = max(MIN_SLICE, min(left, left * weight[id(ev)] / sum(weight.values())))
+        ev.step(share, prove_until if ev is rec else None)
 
 
 # ---------------------------------------------------------------- which topology wins (the 15% rule)
@@ -238,6 +257,12 @@ def _fewer_hosts(s: Evaluation, e: Evaluation) -> bool:
 def _blocker(ok: list[Evaluation], e: Evaluation, threshold: float) -> Evaluation | None:
     smaller = [s for s in ok if _fewer_hosts(s, e) and e.rate < s.rate * (1 + threshold)]
     return max(smaller, key=lambda s: s.rate) if smaller else None
+
+
+def leading(evals: list[Evaluation], threshold: float) -> Evaluation | None:
+    """The topology recommended so far (:func:`choose` over the feasible ones that may be recommended)."""
+    ok = [e for e in evals if e.schedule is not None and not e.reference]
+    return choose(ok, threshold) if ok else None
 
 
 def choose(ok: list[Evaluation], threshold: float) -> Evaluation:
