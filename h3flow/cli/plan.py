@@ -111,7 +111,7 @@ def run_plan(
         plan_clips,
         prof,
         policy,
-        seconds=clock.share(1.0 if single else float(__import__("os").environ.get("H3_SHARE", "0.7"))),
+        seconds=clock.share(1.0 if single else 0.7),
         threshold=threshold,
         reference=reference,
         prove_until=None if single else clock.deadline,
@@ -121,16 +121,18 @@ def run_plan(
     ]
     base = same[0]
     lead = None if single else leading(evals, threshold)
-    if lead is not None and lead.search is not None:  # its bound goes on rising beside the pay-off scan
-        lead.search.prove_beside(clock.deadline)
-    rec = recommend(evals, threshold, plan_clips, seconds=clock.share(0.6 if fits else 1.0), single=single)
-    outcomes = []
-    if rec and rec.name:
-        for i, name in enumerate(fits):
-            seconds = clock.share(1 / (len(fits) - i))
-            outcomes.append(under(prof, name, leaders(evals), plan_clips, policy, threshold, seconds, rec.name))
-    if lead is not None and lead.search is not None:
-        lead.search.settle()
+    if lead is not None:  # its bound goes on rising beside the pay-off scan and the other fits
+        lead.prove_beside(clock.deadline)
+    try:
+        rec = recommend(evals, threshold, plan_clips, seconds=clock.share(0.6 if fits else 1.0), single=single)
+        outcomes = []
+        if rec and rec.name:
+            for i, name in enumerate(fits):
+                seconds = clock.share(1 / (len(fits) - i))
+                outcomes.append(under(prof, name, leaders(evals), plan_clips, policy, threshold, seconds, rec.name))
+    finally:
+        if lead is not None:
+            lead.settle()
     meta = {
         "hardware": source,
         "profile": str(profile or DEFAULT_PROFILE),

@@ -101,6 +101,10 @@ class Evaluation:
             self.search.step(seconds, prove_until=prove_until)
             self.slices += 1
 
+    def prove_beside(self, deadline: float) -> None:
+        if self.search is not None:
+            self.search.prove_beside(deadline)
+
     def settle(self) -> None:
         if self.search is not None:
             self.search.settle()
