@@ -115,8 +115,8 @@ class Proof:
             second = _solve(
                 model, y, end - time.perf_counter(), workers, first.bound, self._solver, self._found, raise_bound=True
             )
-            better = second if second.counts is not None and second.value < first.value else first
-            self._result = Relaxation(max(first.bound, second.bound), better.counts, second.optimal, better.value)
+            # the counts: the best either search found (what _found kept)
+            self._result = Relaxation(max(first.bound, second.bound), self.counts, second.optimal, self._value)
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread, by result()
             self._error = exc
         finally:
