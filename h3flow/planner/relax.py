@@ -340,7 +340,8 @@ def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan
     handoff, length ``L``) it encodes nothing, and ``b`` holds at most ``AHEAD`` encoded clips, so if
     that block ends before ``b``'s last encode ``E_b``, ``b`` idles at least ``L - AHEAD * w_max``
     (``w_max``: ``b``'s longest clip) during it. Blocks after ``E_b`` cost no idle but come after
-    everything ``e`` encodes for ``b``. Both are lower bounds on what any schedule does."""
+    everything ``e`` encodes for ``b``; and ``b``'s last encode waits until all but ``AHEAD`` of its clips are
+    sampled. All are lower bounds on what any schedule does."""
     from h3flow.planner.sequence import AHEAD
 
     kinds = range(len(held[e]))
@@ -373,6 +374,18 @@ def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan
     last_encode = m.new_int_var(0, horizon, f"E{b}")
     after = [y[e][k] - before[k] for k in kinds]
     m.add(last_encode >= sum(held[e][k] * before[k] + prep[b][k] * y[b][k] for k in kinds)).only_enforce_if(used_b)
+    # when b's last encode starts, at most AHEAD - 1 of its other clips are in flight: with more than AHEAD
+    # clips, the rest (one at least) are sampled, so it ends no sooner than release + own_b - (b's AHEAD longest
+    # clips: r, which the search sets as high as it can) + an encode
+    r = [m.new_int_var(0, min(AHEAD, inst.kind.count(k)), f"r{b}_{k}") for k in kinds]
+    m.add(sum(r) <= AHEAD)
+    for k in kinds:
+        m.add(r[k] <= y[b][k])
+    more = m.new_bool_var(f"more{b}")
+    m.add(sum(y[b]) >= AHEAD + 1).only_enforce_if(more)
+    m.add(sum(y[b]) <= AHEAD).only_enforce_if(more.negated())
+    ahead = sum(held[b][k] * r[k] for k in kinds)
+    m.add(last_encode >= release + own_b - ahead + min(prep[b])).only_enforce_if(more)
     m.add(makespan >= last_encode + min(h + t for h, t in zip(held[b], tail[b], strict=True))).only_enforce_if(used_b)
     any_after = m.new_bool_var(f"after{e}_{b}")
     m.add(sum(after) >= 1).only_enforce_if(any_after)
