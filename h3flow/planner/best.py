@@ -92,6 +92,7 @@ class Search:
         self._proof: Proof | None = None  # the relaxation being solved beside this slice's search
         self._tried: set[str] = set()  # the relaxation's counts already timed
         self._slices = 0
+        self._until = 0.0  # the slice's relaxation may run until then
         self._finish(began)
 
     # ------------------------------------------------------------------ state
@@ -134,8 +135,9 @@ class Search:
             self.starts()
             if self._proof is not None and self._proof.done:
                 self._end_proof()
+            self._until = max(deadline, prove_until or 0.0)
             if self._proof is None:
-                self._proof = self._start_proof(max(deadline, prove_until or 0.0))
+                self._proof = self._start_proof(self._until)
             try:
                 if self._slices == 0:
                     self._first(deadline)
@@ -175,6 +177,14 @@ class Search:
         self._prove(relaxed.bound, "load relaxation")
         if starts and relaxed.counts is not None:
             self._relaxation_start(relaxed.counts)
+
+    def _prove_on(self) -> None:
+        """The slice's relaxation ended early (proven): keep the second core on the next one (the feeding
+        constraints), rather than idle until the next slice."""
+        if self._proof is not None and self._proof.done:
+            self._end_proof()
+            if self._left(self._until) > 0.05:
+                self._proof = self._start_proof(self._until)
 
     def prove_beside(self, deadline: float) -> None:
         """Solve the relaxation in a thread until :meth:`settle` or ``deadline`` (unless one runs already), while
@@ -230,6 +240,7 @@ class Search:
         if proof is not None:  # its counts are the best start more often than not: wait for them (it goes on)
             proof.wait(self._left(deadline) * RELAX_WAIT[n > SMALL])
             self._relaxation_start(proof.counts)
+            self._prove_on()
         if self.optimal:
             return
         # the best distinct starts, each improved on real schedules
@@ -272,6 +283,7 @@ class Search:
             share = 1.0
         found, value = improve(inst, self._seqs, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
         self._take(found, value, "local search")
+        self._prove_on()
         if n <= CP_MAX_CLIPS and not self.optimal and self._left(deadline) > 0.05:
             self._cp_sat(deadline)
 

@@ -229,6 +229,10 @@ def _model(
             m.add(begin >= lp + arrive)
             intervals.append(m.new_optional_interval_var(begin, size, finish, used_p, f"last{p}"))
             m.add(makespan >= finish).only_enforce_if(used_p)
+            if feeding:  # (slower to solve: with the feeding constraints only, which run after the plain one)
+                intervals.append(
+                    _second_last(m, p, y, lp, zp, held, prep, decode, arrive, makespan, horizon, inst.own[p])
+                )
         m.add_no_overlap(intervals)
     for p, q in _twins(inst):  # interchangeable pools: the first carries at least the second's load
         m.add(sum(held[p][k] * y[p][k] for k in kinds) >= sum(held[q][k] * y[q][k] for k in kinds))
@@ -313,6 +317,33 @@ def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int)
     for p in used:
         m.add_implication(nothing, used[p].negated())
     m.add_exactly_one([ends, *lent_last, nothing])
+
+
+def _second_last(m, p: int, y, lp, z, held, prep, decode, arrive: int, makespan, horizon: int, own: bool) -> Any:
+    """The decode of pool ``p``'s second-last clip, as an optional interval for the decoder: with all its clips
+    but the last one (kind ``z``) sampled by then, it is handed off no sooner than release + own work - the last
+    clip, and at least the last clip's work before ``lp``."""
+    kinds = range(len(decode))
+    two = m.new_bool_var(f"two{p}")
+    m.add(sum(y[p]) >= 2).only_enforce_if(two)
+    m.add(sum(y[p]) <= 1).only_enforce_if(two.negated())
+    z2 = [m.new_bool_var(f"z2_{p}_{k}") for k in kinds]  # its kind
+    for k in kinds:
+        m.add(y[p][k] - z[k] >= 1).only_enforce_if(z2[k])
+    m.add(sum(z2) == 1).only_enforce_if(two)
+    m.add(sum(z2) == 0).only_enforce_if(two.negated())
+    last_work = sum(z[k] * held[p][k] for k in kinds)
+    handed = m.new_int_var(0, horizon, f"h2_{p}")
+    release = 0 if own else min(prep[p])
+    m.add(handed >= release + sum(held[p][k] * y[p][k] for k in kinds) - last_work).only_enforce_if(two)
+    m.add(lp >= handed + last_work).only_enforce_if(two)
+    size = m.new_int_var(0, max(decode), f"d2_{p}")
+    m.add(size == sum(z2[k] * decode[k] for k in kinds))
+    begin = m.new_int_var(0, horizon, f"s2_{p}")
+    finish = m.new_int_var(0, horizon, f"f2_{p}")
+    m.add(begin >= handed + arrive)
+    m.add(makespan >= finish).only_enforce_if(two)
+    return m.new_optional_interval_var(begin, size, finish, two, f"second{p}")
 
 
 def _twins(inst: Instance) -> list[tuple[int, int]]:
