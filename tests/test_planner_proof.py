@@ -145,3 +145,16 @@ def test_planning_every_topology_leaves_only_the_leading_relaxation_running() ->
     assert running in ([], [lead.name])  # [] only if its relaxation was proven within the 0.6 s
     lead.settle()
     assert not relaxations()
+
+
+def test_a_slice_goes_on_to_the_feeding_relaxation_once_the_plain_one_is_proven() -> None:
+    # the plain relaxation proves its optimum early in the slice; the second core then solves the one with the
+    # feeding constraints (higher here) in the same slice, rather than idling until the next
+    clips = mixed(16, 77001)
+    inst = Instance.of(PLANNER, clips)
+    plain, fed = solve_relaxation(inst, 30.0), solve_relaxation(inst, 30.0, feeding=True)
+    assert plain.optimal and fed.optimal and fed.bound > plain.bound + 1.0
+    search = Search(PLANNER, clips)
+    best = search.step(3.0)
+    assert best.proven >= fed.bound - 1e-6
+    assert search._proof is None  # and the slice left nothing running
