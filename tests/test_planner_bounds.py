@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,23 +73,20 @@ def test_on_small_batches_the_relaxation_closes_what_the_old_one_left_open() -> 
     assert relaxed(planner, clips) >= 1024.2
 
 
-def test_a_borrower_s_last_encode_waits_for_all_but_its_last_clips_in_flight() -> None:
-    # 6 clips on 4+2+xtx whose optimum (exhaustive search) is 650.44 s: the feeding relaxation without this rule
-    # proved 572.2 s (the xtx's encodes all done early, the encoder then running a 452 s clip of its own); with
-    # it the bound is the optimum, to the millisecond the relaxation rounds durations down to
-    batch = [("hd", 8.0), ("hd", 8.0), ("sd", 8.0), ("sd", 8.0), ("hd", 2.0), ("sd", 1.0)]
+@pytest.mark.parametrize(
+    ("topology", "batch"),
+    [
+        # a borrower's last encode waits for all but its last two clips to be sampled: optimum 650.44 s; without
+        # the rule 572.2 s (the xtx's encodes all done early, the encoder then running a 452 s clip of its own)
+        ("4+2+xtx", [("hd", 8.0), ("hd", 8.0), ("sd", 8.0), ("sd", 8.0), ("hd", 2.0), ("sd", 1.0)]),
+        # the decoder takes each pool's second-last clip too, handed off no sooner than the pool's work less its
+        # last clip: optimum 799.64 s; with the last clips alone 722.1 s
+        ("four_xtx_plus_one", [("hd", 2.0), ("sd", 2.0), ("sd", 5.0), ("hd", 12.0), ("sd", 2.0), ("sd", 5.0)]),
+    ],
+)
+def test_each_feeding_rule_lifts_the_bound_to_the_optimum_where_it_binds(topology, batch) -> None:
+    # to the millisecond the relaxation rounds durations down to (exhaustive search gives the optimum)
     clips = clips_of(batch)
-    planner = Planner(PROFILE, build(HOST_MAP, "4+2+xtx", PROFILE).resources)
-    optimum = exhaustive(planner, clips).makespan
-    assert optimum - 0.01 <= relaxed(planner, clips) <= optimum
-
-
-def test_the_decoder_takes_each_pool_s_last_two_clips_after_their_handoffs() -> None:
-    # 6 clips on four_xtx_plus_one whose optimum (exhaustive search) is 799.64 s: with only each pool's last
-    # clip on the decoder the relaxation proved 722.1 s; with the second-last too (handed off no sooner than
-    # the pool's work less its last clip) the bound is the optimum, to the millisecond
-    batch = [("hd", 2.0), ("sd", 2.0), ("sd", 5.0), ("hd", 12.0), ("sd", 2.0), ("sd", 5.0)]
-    clips = clips_of(batch)
-    planner = Planner(PROFILE, build(HOST_MAP, "four_xtx_plus_one", PROFILE).resources)
+    planner = Planner(PROFILE, build(HOST_MAP, topology, PROFILE).resources)
     optimum = exhaustive(planner, clips).makespan
     assert optimum - 0.01 <= relaxed(planner, clips) <= optimum
