@@ -319,14 +319,20 @@ def _encoder(m, e: int, borrowers: list[int], y, last, held, prep, horizon: int)
     m.add_exactly_one([ends, *lent_last, nothing])
 
 
+def _at_least(m, total, k: int, name: str) -> Any:
+    """A Boolean that is true exactly when ``total`` (an integer expression) is at least ``k``."""
+    b = m.new_bool_var(name)
+    m.add(total >= k).only_enforce_if(b)
+    m.add(total <= k - 1).only_enforce_if(b.negated())
+    return b
+
+
 def _second_last(m, p: int, y, lp, z, held, prep, decode, arrive: int, makespan, horizon: int, own: bool) -> Any:
     """The decode of pool ``p``'s second-last clip, as an optional interval for the decoder: with all its clips
     but the last one (kind ``z``) sampled by then, it is handed off no sooner than release + own work - the last
     clip, and at least the last clip's work before ``lp``."""
     kinds = range(len(decode))
-    two = m.new_bool_var(f"two{p}")
-    m.add(sum(y[p]) >= 2).only_enforce_if(two)
-    m.add(sum(y[p]) <= 1).only_enforce_if(two.negated())
+    two = _at_least(m, sum(y[p]), 2, f"two{p}")
     z2 = [m.new_bool_var(f"z2_{p}_{k}") for k in kinds]  # its kind
     for k in kinds:
         m.add(y[p][k] - z[k] >= 1).only_enforce_if(z2[k])
@@ -412,9 +418,7 @@ def _feed(m, inst: Instance, e: int, b: int, y, last, held, prep, tail, makespan
     m.add(sum(r) <= AHEAD)
     for k in kinds:
         m.add(r[k] <= y[b][k])
-    more = m.new_bool_var(f"more{b}")
-    m.add(sum(y[b]) >= AHEAD + 1).only_enforce_if(more)
-    m.add(sum(y[b]) <= AHEAD).only_enforce_if(more.negated())
+    more = _at_least(m, sum(y[b]), AHEAD + 1, f"more{b}")
     ahead = sum(held[b][k] * r[k] for k in kinds)
     m.add(last_encode >= release + own_b - ahead + min(prep[b])).only_enforce_if(more)
     m.add(makespan >= last_encode + min(h + t for h, t in zip(held[b], tail[b], strict=True))).only_enforce_if(used_b)
