@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import av
+import httpx
 import pytest
 from cluster import DISPATCHER_SILENCE_S, SLOW, Cluster, kill_tree, make_cluster, wait_until, write_batch
 
+from h3flow.core.contracts import gpu_limit
 from h3flow.core.files import file_intact
 from h3flow.pipeline.manifest import Manifest, load_manifest
 from h3flow.pipeline.prefect_api import RunFlowRun
@@ -174,6 +176,40 @@ def test_the_prefect_server_killed_restarted_40_s_later_and_resume_3_s_after(clu
     assert_delivered(cluster, run_id, 4)
     assert all(n <= 2 for n in counts(cluster, "sample", ids).values())
     one_dispatcher_at_a_time(cluster, run_id)
+
+
+def test_a_gpu_slot_no_lease_holds_is_freed_when_the_server_restarts_and_a_held_one_stays(cluster: Cluster) -> None:
+    """A server killed between committing a GPU slot and writing its lease leaves the slot taken with no
+    lease to expire (made here with Prefect's lease-less increment): before, every later clip of that
+    pool waited for it for good. ``start`` brings the server back with the slot free; a slot a live
+    lease holds stays taken until its holder gives it back."""
+    api = cluster.config.prefect.api_url.rstrip("/") + "/v2/concurrency_limits"
+    leaked, held = (gpu_limit(pool.name) for pool in cluster.config.pools[:2])
+    client = httpx.Client(timeout=30, headers={"Connection": "close"})  # no kept-alive socket to the killed server
+    client.post(f"{api}/increment", json={"names": [leaked], "slots": 1, "mode": "concurrency"}).raise_for_status()
+    lease = client.post(f"{api}/increment-with-lease", json={"names": [held], "slots": 1, "lease_duration": 300})
+    lease_id = lease.raise_for_status().json()["lease_id"]
+    try:
+        assert [client.get(f"{api}/{name}").json()["active_slots"] for name in (leaked, held)] == [1, 1]
+        kill_tree(cluster.pidfile_pid("prefect-server"))
+        wait_until(lambda: refused(api), 30, "the killed server's port to close")
+        cluster.start()
+        assert [client.get(f"{api}/{name}").json()["active_slots"] for name in (leaked, held)] == [0, 1]
+        log = Path(cluster.config.work_dir or "") / "services" / "prefect-server.log"
+        assert f"{leaked}: 1 slot(s) taken, 0 held by leases: set to 0" in log.read_text()
+    finally:
+        client.post(f"{api}/decrement-with-lease", json={"lease_id": lease_id})
+    assert client.get(f"{api}/{held}").json()["active_slots"] == 0
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=5)
+    except httpx.ConnectError:
+        return True
+    except httpx.HTTPError:
+        pass
+    return False
 
 
 def one_dispatcher_at_a_time(cluster: Cluster, run_id: str) -> None:
