@@ -138,11 +138,15 @@ class MultiHost:
             assert copies == [mp4], (clip, copies)
         return status
 
+    def log(self, service: str) -> Path:
+        host = WHERE[service]
+        return self.seen_by(host, Path(self.config.hosts[host].storage.root) / "services" / f"{service}.log")
+
     def diagnosis(self, run_id: str) -> str:
         """What a failed fault test prints: the run's status, the batch run's log and each service's last lines."""
         parts = [self.h3("status", run_id).stdout, self.h3("logs", run_id).stdout]
         for service, host in WHERE.items():
-            log = self.seen_by(host, Path(self.config.hosts[host].storage.root) / "services" / f"{service}.log")
+            log = self.log(service)
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else ["(no log)"]
             parts.append(f"--- {service} on {host}\n" + "\n".join(tail))
         return "\n".join(parts)
@@ -453,6 +457,7 @@ def test_the_api_hosts_server_and_database_restarted_mid_batch(mh: MultiHost) ->
     back = mh.h3("start", timeout=600)
     assert back.returncode == 0, back.stdout + back.stderr
     assert "postgres" in back.stdout and "prefect-server" in back.stdout and back.stdout.count("restarted") == 2
+    assert "GPU slots not settled" not in mh.log("prefect-server").read_text()  # settled on PostgreSQL
     done = mh.wait(run_id)
     _finish(mh, run_id, done)
     mh.delivered_once(run_id, clips)
