@@ -10,6 +10,7 @@ automations ``deploy`` made.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -210,6 +211,46 @@ def test_a_pools_clips_take_its_gpu_slot_one_at_a_time_holding_prefects_slot_mea
         thread.join()
     assert most[0] == 1 and active == [1, 1, 1], (most, active)
     wait_until(lambda: client_slots(cluster, pool) == 0, 30, "the slot to be free after the last clip")
+
+
+def test_a_clip_that_waits_long_for_a_slot_held_elsewhere_says_so_and_takes_it_once_freed(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slot taken by a holder outside this process (another worker, or one left taken): the waiting clip
+    logs the wait past its patience with the command that frees it, and runs once the slot is given back."""
+    import threading
+
+    import httpx
+
+    from h3flow.pipeline.gpu_slot import gpu_slot
+
+    pool = cluster.config.pools[0].name
+    api = cluster.config.prefect.api_url.rstrip("/") + "/v2/concurrency_limits"
+    taken = httpx.post(
+        f"{api}/increment-with-lease", json={"names": [gpu_limit(pool)], "slots": 1, "lease_duration": 300}
+    )
+    lease_id = taken.raise_for_status().json()["lease_id"]
+    ran = threading.Event()
+
+    def clip() -> None:
+        with prefect_api(cluster.config), gpu_slot(pool, patience=0.5):
+            ran.set()
+
+    def waits() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "taken by another holder" in r.getMessage()]
+
+    thread = threading.Thread(target=clip)
+    with caplog.at_level(logging.WARNING, logger="h3flow.pipeline.gpu_slot"):
+        thread.start()
+        try:
+            wait_until(waits, 60, "the clip to log its wait")
+            assert not ran.is_set()
+        finally:
+            httpx.post(f"{api}/decrement-with-lease", json={"lease_id": lease_id}).raise_for_status()
+        thread.join(timeout=120)
+    assert ran.is_set()
+    assert f"`prefect gcl update {gpu_limit(pool)} --active-slots 0`" in waits()[0]
+    wait_until(lambda: client_slots(cluster, pool) == 0, 30, "the slot to be free after the clip")
 
 
 def client_slots(cluster: Cluster, pool: str) -> int:

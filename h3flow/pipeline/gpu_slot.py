@@ -9,20 +9,26 @@ run in its worker's process, so the process takes Prefect's slot once, when its 
 clip asks, and keeps it while any clip of the pool is waiting or running here; the clips
 hand the GPUs on through a lock in the process, with no call. The slot goes back to
 Prefect when the last of them is done; a process that died frees it when its lease,
-renewed while held, runs out (``GPU_LEASE_S``).
+renewed while held, runs out (``GPU_LEASE_S``). A clip that waits longer than
+``SLOT_PATIENCE_S`` says so in its run's log, with the command that frees a slot left taken
+(a holder that is gone frees it well before: its lease runs out).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from h3flow.core.contracts import gpu_limit
 
+log = logging.getLogger(__name__)
+
 GPU_LEASE_S = 60.0  # Prefect's shortest lease: a holder that died frees the slot within about this long
+SLOT_PATIENCE_S = 2 * GPU_LEASE_S  # a wait this long is said in the run's log, and again after as long
 
 
 @dataclass
@@ -81,9 +87,20 @@ _slots: dict[str, PoolSlot] = {}
 _guard = threading.Lock()
 
 
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The flow run's logger (its log in the UI and ``h3flow logs``); this module's outside a run."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
+
+
 @contextlib.contextmanager
-def gpu_slot(pool: str) -> Iterator[None]:
-    """Hold ``pool``'s GPUs for one clip's GPU stages."""
+def gpu_slot(pool: str, patience: float = SLOT_PATIENCE_S) -> Iterator[None]:
+    """Hold ``pool``'s GPUs for one clip's GPU stages; a wait for Prefect's slot past ``patience`` is logged."""
     with _guard:
         slot = _slots.setdefault(pool, PoolSlot(pool))
         slot.users += 1
@@ -91,7 +108,18 @@ def gpu_slot(pool: str) -> Iterator[None]:
             slot.begin()
         holding = slot.holding
     try:
-        holding.held.wait()
+        waited = 0.0
+        while not holding.held.wait(patience):
+            waited += patience
+            _run_logger().warning(
+                "waiting %.0f s for pool %s's GPU slot: Prefect's limit %s is taken by another holder. If no clip of "
+                "pool %s runs anywhere, free it: `prefect gcl update %s --active-slots 0` (or the UI's Concurrency page)",
+                waited,
+                pool,
+                gpu_limit(pool),
+                pool,
+                gpu_limit(pool),
+            )
         if holding.error is not None:
             raise holding.error
         with slot.turn:
