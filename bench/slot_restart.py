@@ -82,6 +82,16 @@ def churn(api: str, stop: threading.Event) -> None:
                 return
 
 
+def call(method: str, url: str, **kwargs: object) -> httpx.Response:
+    """One API call, asked again while the just-started server answers 503 (SQLite busy as it starts)."""
+    for _ in range(40):
+        response = httpx.request(method, url, timeout=10, **kwargs)  # type: ignore[arg-type]
+        if response.status_code != 503:
+            return response.raise_for_status()
+        time.sleep(0.25)  # the server's own start-up writes
+    return response.raise_for_status()
+
+
 def leases(home: Path) -> int:
     index = home / "concurrency_leases" / "expirations.json"
     return len(json.loads(index.read_text())) if index.exists() else 0
@@ -94,7 +104,7 @@ def row(name: str, kills: int, seed: int) -> tuple[int, int]:
         home, port = Path(tmp), free_port()
         api = f"http://127.0.0.1:{port}/api/v2/concurrency_limits"
         proc = start(LAUNCHERS[name], home, port)
-        httpx.post(f"{api}/", json={"name": LIMIT, "limit": 1}).raise_for_status()
+        call("POST", f"{api}/", json={"name": LIMIT, "limit": 1})
         stuck = orphans = 0
         for _ in range(kills):
             stop = threading.Event()
@@ -108,11 +118,11 @@ def row(name: str, kills: int, seed: int) -> tuple[int, int]:
             for client in clients:
                 client.join()
             proc = start(LAUNCHERS[name], home, port)
-            active, held = httpx.get(f"{api}/{LIMIT}").json()["active_slots"], leases(home)
+            active, held = call("GET", f"{api}/{LIMIT}").json()["active_slots"], leases(home)
             stuck += active > held
             orphans += held > 0
             # the next kill starts clean: no slot taken, no lease
-            httpx.patch(f"{api}/{LIMIT}", json={"active_slots": 0}).raise_for_status()
+            call("PATCH", f"{api}/{LIMIT}", json={"active_slots": 0})
             for lease in (home / "concurrency_leases").glob("*.json"):
                 lease.unlink()
         os.killpg(proc.pid, signal.SIGKILL)

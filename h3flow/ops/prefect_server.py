@@ -18,8 +18,9 @@ two steps — it commits the limit's ``active_slots + 1`` to its database, then 
 its lease storage (and gives one back the other way round: the count down, then the lease
 gone). A server killed between the two leaves a slot taken that no lease holds: no holder
 gives it back and no lease expires to free it, so every later clip of that pool waits for it
-for good (measured: a server killed 15 times under clients taking and giving back a slot left
-such a slot once; it hung a lab batch whose API host restarted). Before the restarted server
+for good (``bench/slot_restart.py``: a server SIGKILLed 15 times under clients taking and giving
+back a slot left one stuck 5 times as Prefect ships it, once with only the IMMEDIATE writes, never
+with the settling; one hung a lab batch whose API host restarted). Before the restarted server
 serves — nothing can take or give back a slot then — each of h3flow's GPU limits is set to
 what the leases in the storage hold: a lease still held keeps its slot (its holder renews it
 or gives it back), one whose holder died keeps it until Prefect's repossessor revokes it.
