@@ -88,7 +88,10 @@ def mux_mp4(
 ) -> FileRef:
     """Encode uint8 RGB frames (chunks ``[n, H, W, 3]``) and a ``[2, N]`` float waveform to an MP4.
 
-    The audio track ends exactly where the video does (trimmed or zero-padded).
+    The audio track ends exactly where the video does (trimmed or zero-padded). Muxer and AAC
+    encoder run bit-exact: neither writes its FFmpeg version into the file, so the same frames
+    and audio give the same bytes under any patch release of PyAV's FFmpeg (two wheels apart
+    by one, in ComfyUI's venv and h3flow's, differed in those version strings alone).
     """
     wave = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
     wave = np.ascontiguousarray(wave, dtype=np.float32)
@@ -105,12 +108,12 @@ def mux_mp4(
     if first.shape[1] % 2 or first.shape[2] % 2:
         raise ValueError(f"yuv420p needs an even frame size, got {first.shape[2]}x{first.shape[1]}")
     out = Path(out_path)
-    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:
+    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart", "fflags": "+bitexact"}) as container:
         video = container.add_stream("libx264", rate=fps, options=dict(x264_options or X264_OPTIONS))
         video.height, video.width = int(first.shape[1]), int(first.shape[2])
         video.pix_fmt = "yuv420p"
         video.time_base = Fraction(1, fps)
-        audio = container.add_stream("aac", rate=sample_rate, layout="stereo")
+        audio = container.add_stream("aac", rate=sample_rate, layout="stereo", options={"flags": "+bitexact"})
         audio.time_base = Fraction(1, sample_rate)
         feed = _AudioFeed(container, audio, wave, sample_rate)
         count = 0
