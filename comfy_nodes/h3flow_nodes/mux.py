@@ -108,7 +108,10 @@ def mux_mp4(
     if first.shape[1] % 2 or first.shape[2] % 2:
         raise ValueError(f"yuv420p needs an even frame size, got {first.shape[2]}x{first.shape[1]}")
     out = Path(out_path)
-    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart", "fflags": "+bitexact"}) as container:
+    with (
+        atomic_path(out) as tmp,
+        av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart", "fflags": "+bitexact"}) as container,
+    ):
         video = container.add_stream("libx264", rate=fps, options=dict(x264_options or X264_OPTIONS))
         video.height, video.width = int(first.shape[1]), int(first.shape[2])
         video.pix_fmt = "yuv420p"
