@@ -36,6 +36,7 @@ from h3flow.core.errors import H3FlowError, IntegrityError, TransientError
 from h3flow.core.files import FileRef
 from h3flow.core.fsutil import sha256_bytes, sha256_file
 from h3flow.core.paths import WORKFLOWS_DIR
+from h3flow.core.runlog import run_logger
 from h3flow.core.specs import FPS
 from h3flow.engines.base import OffloadReport
 from h3flow.engines.comfy_client import ComfyClient, Event, RunResult
@@ -43,19 +44,6 @@ from h3flow.engines.workflows import TEMPLATES, complete_prompt, load_template, 
 
 FILES_KEY = "h3flow_files"
 log = logging.getLogger("h3flow.engines.comfy")
-
-
-def _logger() -> Any:
-    """Prefect's run logger inside a flow/task (so progress shows in the UI), else ours."""
-    try:
-        from prefect.context import FlowRunContext, TaskRunContext
-        from prefect.logging import get_run_logger
-
-        if TaskRunContext.get() or FlowRunContext.get():
-            return get_run_logger()
-    except Exception:  # noqa: BLE001 - prefect absent or no context: plain logging
-        pass
-    return log
 
 
 class ComfyEngine:
@@ -187,7 +175,7 @@ class ComfyEngine:
             if (name, item.node_id, item.name) not in self._reported:
                 self._reported.add((name, item.node_id, item.name))
                 self.filled.append(item.line(name))
-                _logger().warning("ComfyUI at %s: %s", self.base_url, item.line(name))
+                run_logger(log).warning("ComfyUI at %s: %s", self.base_url, item.line(name))
         return done.prompt
 
     def _stage(self, stage: str, params: Mapping[str, Any], kind: str, out_path: Path) -> FileRef:
@@ -205,15 +193,15 @@ class ComfyEngine:
             except TransientError as exc:
                 last = exc
                 self.attempts.append(f"{what}: attempt {attempt + 1}: {exc}")
-                _logger().warning("ComfyUI %s: %s (attempt %d of %d)", what, exc, attempt + 1, self.retries + 1)
+                run_logger(log).warning("ComfyUI %s: %s (attempt %d of %d)", what, exc, attempt + 1, self.retries + 1)
         raise TransientError(f"{what} on ComfyUI at {self.base_url} failed {self.retries + 1} times; last: {last}")
 
     def _event(self, event: Event) -> None:
         kind = event.get("type")
         if kind == "progress":
-            _logger().info("ComfyUI node %s: %s/%s", event.get("node"), event.get("value"), event.get("max"))
+            run_logger(log).info("ComfyUI node %s: %s/%s", event.get("node"), event.get("value"), event.get("max"))
         elif kind == "executing" and event.get("node") is not None:
-            _logger().debug("ComfyUI executing node %s", event.get("node"))
+            run_logger(log).debug("ComfyUI executing node %s", event.get("node"))
         if self.on_event is not None:
             self.on_event(event)
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from h3flow.core.contracts import gpu_limit
+from h3flow.core.runlog import run_logger
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +88,6 @@ _slots: dict[str, PoolSlot] = {}
 _guard = threading.Lock()
 
 
-def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The flow run's logger (its log in the UI and ``h3flow logs``); this module's outside a run."""
-    from prefect.exceptions import MissingContextError
-    from prefect.logging import get_run_logger
-
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return log
-
-
 @contextlib.contextmanager
 def gpu_slot(pool: str, patience: float = SLOT_PATIENCE_S) -> Iterator[None]:
     """Hold ``pool``'s GPUs for one clip's GPU stages; a wait for Prefect's slot past ``patience`` is logged."""
@@ -111,7 +101,7 @@ def gpu_slot(pool: str, patience: float = SLOT_PATIENCE_S) -> Iterator[None]:
         waited = 0.0
         while not holding.held.wait(patience):
             waited += patience
-            _run_logger().warning(
+            run_logger(log).warning(
                 "waiting %.0f s for pool %s's GPU slot: Prefect's limit %s is taken by another holder. If no clip of "
                 "pool %s runs anywhere, free it: `prefect gcl update %s --active-slots 0` (or the UI's Concurrency page)",
                 waited,
