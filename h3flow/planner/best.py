@@ -92,6 +92,7 @@ class Search:
         self._proof: Proof | None = None  # the relaxation being solved beside this slice's search
         self._tried: set[str] = set()  # the relaxation's counts already timed
         self._slices = 0
+        self._relaxed_start: Sequences | None = None  # new counts of the relaxation, sequenced: not yet searched from
         self._until = 0.0  # the slice's relaxation may run until then
         self._finish(began)
 
@@ -261,6 +262,8 @@ class Search:
         from h3flow.planner.assign import timed
 
         key, seqs = timed(self.inst, counts)
+        if how == "load relaxation":
+            self._relaxed_start = seqs
         self._take(seqs, key[0], how)
         if self._pool is not None:
             self._pool.append((key, counts, how))
@@ -281,7 +284,12 @@ class Search:
             share = 0.5
         else:
             share = 1.0
-        found, value = improve(inst, self._seqs, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
+        # from the relaxation's newest counts where it found some, though their sequences time longer than the best:
+        # the sequencers cannot see what the relaxation sees (how an encoder pool's own clips and the encodes it
+        # lends fit together), the local search can
+        start = self._relaxed_start if self._relaxed_start is not None else self._seqs
+        self._relaxed_start = None
+        found, value = improve(inst, start, seconds=self._left(deadline) * share, seed=self.seed + self._slices)
         self._take(found, value, "local search")
         self._prove_on()
         if n <= CP_MAX_CLIPS and not self.optimal and self._left(deadline) > 0.05:
