@@ -9,7 +9,8 @@
    sequenced two ways — longest first, and keeping borrowers fed
    (:mod:`~h3flow.planner.feed`) — and the best few are improved by moving clips between
    pools on real schedules (:mod:`~h3flow.planner.assign`).
-3. Local search (:mod:`~h3flow.planner.improve`) on the best sequences.
+3. Local search (:mod:`~h3flow.planner.improve`) from the relaxation's newest counts where it has new ones
+   (though they may sequence longer than the best start), else from the best sequences.
 4. CP-SAT (:mod:`~h3flow.planner.solver`), warm-started from the best so far, for the
    rest of the time (batches of up to ``CP_MAX_CLIPS``); it proves a bound too.
 
